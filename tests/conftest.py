@@ -1,0 +1,30 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from env.tasks import load_task, make_patch, write_task
+
+CALC_REPO = {
+    "calc/__init__.py": "",
+    "calc/ops.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
+    "tests/test_ops.py": "from calc.ops import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+                         "def test_mul():\n    assert mul(2, 3) == 6\n",
+}
+
+
+def make_calc_task(dest: Path, task_id: str = "calc-add"):
+    fixed = dict(CALC_REPO, **{"calc/ops.py": CALC_REPO["calc/ops.py"].replace("a - b", "a + b")})
+    root = write_task(dest / task_id, id=task_id, instruction="add(2, 3) returns -1 instead of 5.",
+                      test_command="python -m pytest -q -p no:cacheprovider tests", repo=CALC_REPO,
+                      hidden={"tests/test_ops.py": CALC_REPO["tests/test_ops.py"]},
+                      gold_patch=make_patch(CALC_REPO, fixed), family="fix_bug", tier="micro")
+    return load_task(root)
+
+
+@pytest.fixture
+def calc_task(tmp_path):
+    return make_calc_task(tmp_path)

@@ -1,0 +1,141 @@
+"""The episode loop: policies, exit statuses, parallel calls, grading, replay."""
+
+import json
+import re
+import time
+
+import pytest
+
+from env.episode import EpisodeConfig, ExitStatus, Generation, run_episode
+from env.policies import GoldPolicy, OraclePolicy, ReplayPolicy, _edit_pairs, get_policy
+from env.protocol import format_assistant_turn
+
+
+class Scripted:
+    """Writes the given raw turns, then nothing."""
+
+    name = "scripted"
+
+    def __init__(self, *turns):
+        self.turns = list(turns)
+
+    def reset(self, task):
+        self.queue = list(self.turns)
+
+    def act(self, messages, tools):
+        return self.queue.pop(0) if self.queue else ""
+
+
+def untimed(text):
+    return re.sub(r"in \d+\.\d+s", "in Xs", text)
+
+
+def call(name, **args):
+    return format_assistant_turn(None, [(name, args)])
+
+
+def test_gold_solves_noop_does_not(calc_task):
+    gold = run_episode(calc_task, get_policy("gold"))
+    noop = run_episode(calc_task, get_policy("noop"))
+    assert gold.solved and gold.exit_status == "submitted"
+    assert not noop.solved and noop.exit_status == "submitted" and noop.grade["failed"] == 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_oracle_solves_with_variety(calc_task, seed):
+    traj = run_episode(calc_task, OraclePolicy(seed=seed))
+    assert traj.solved and traj.exit_status == "submitted" and traj.malformed_calls == 0
+    names = [c["name"] for t in traj.turns for c in t["calls"]]
+    assert names[0] in ("run_tests", "lint") and names[-1] == "submit" and "edit_file" in names
+
+
+def test_exit_statuses(calc_task):
+    bad = "<tool_call>\n{oops}\n</tool_call>"
+    cases = [
+        (Scripted(call("run_tests")) , EpisodeConfig(max_turns=1), "max_turns"),
+        (Scripted(bad, bad, bad), EpisodeConfig(max_malformed_turns=3), "repeated_malformed"),
+        (Scripted("I think it is fine."), EpisodeConfig(), "no_tool_call"),
+        (Scripted(*[call("run", command="sleep 0.3")] * 5), EpisodeConfig(max_wall_s=0.5), "timeout"),
+    ]
+    for policy, config, expected in cases:
+        traj = run_episode(calc_task, policy, config)
+        assert traj.exit_status == expected, (expected, traj.summary())
+    traj = run_episode(calc_task, Scripted(bad, bad, bad))
+    assert traj.malformed_calls == 3 and all(m["content"].startswith("Malformed tool call: invalid JSON")
+                                             for m in traj.messages if m["role"] == "tool")
+
+
+def test_max_tokens_and_policy_error(calc_task):
+    class Tokens(Scripted):
+        def act(self, messages, tools):
+            return Generation(call("run_tests"), completion_ids=list(range(60)))
+
+    assert run_episode(calc_task, Tokens(), EpisodeConfig(max_tokens=100)).exit_status == "max_tokens"
+
+    class Broken(Scripted):
+        def act(self, messages, tools):
+            raise RuntimeError("checkpoint is corrupt")
+
+    traj = run_episode(calc_task, Broken())
+    assert traj.exit_status == ExitStatus.POLICY_ERROR.value and "checkpoint is corrupt" in traj.error
+
+
+def test_parallel_calls_run_concurrently_and_answer_in_order(calc_task):
+    turn = format_assistant_turn(None, [("run", {"command": "sleep 1; echo first"}),
+                                        ("run", {"command": "sleep 1; echo second"}),
+                                        ("grep", {"pattern": "def mul"})])
+    t0 = time.perf_counter()
+    traj = run_episode(calc_task, Scripted(turn, call("submit", summary="x")))
+    first_turn_s = traj.turns[0]["env_s"]
+    assert first_turn_s < 1.8, f"parallel calls took {first_turn_s:.2f}s"
+    tool_msgs = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert tool_msgs[0].startswith("first") and tool_msgs[1].startswith("second") and "def mul" in tool_msgs[2]
+    assert traj.parallel_turns == 1 and time.perf_counter() - t0 < 10
+
+
+def test_hidden_tests_overwrite_agent_edits(calc_task):
+    """Editing the visible tests to pass does not pay: hidden/ is laid over them before grading."""
+    cheat = call("edit_file", path="tests/test_ops.py", old_str="assert add(2, 3) == 5", new_str="assert True")
+    traj = run_episode(calc_task, Scripted(cheat, call("run_tests"), call("submit", summary="done")))
+    assert "2 passed" in traj.messages[-3]["content"]  # the agent's own run looks green
+    assert not traj.solved
+
+
+def test_replay_reproduces_a_recorded_trajectory(calc_task, tmp_path):
+    recorded = run_episode(calc_task, OraclePolicy(seed=1))
+    recorded.save(tmp_path / "traj.json")
+    (tmp_path / "turns.json").write_text(json.dumps([t["text"] for t in recorded.turns]))
+    for source in ("traj.json", "turns.json"):
+        replayed = run_episode(calc_task, get_policy(f"replay:{tmp_path / source}"))
+        assert [untimed(m["content"]) for m in replayed.messages] == \
+            [untimed(m["content"]) for m in recorded.messages]
+        assert replayed.summary() | {"wall_s": 0} == recorded.summary() | {"wall_s": 0}
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ValueError, match="expected a JSON list"):
+        ReplayPolicy(tmp_path / "x.json")
+
+
+def test_unknown_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown policy 'gpt-9'"):
+        get_policy("gpt-9")
+
+
+@pytest.mark.parametrize("old, new", [
+    ("a\nb\nc\n", "a\nB\nc\n"),
+    ("x = 1\nx = 1\ny = 2\n", "x = 1\nx = 2\ny = 2\n"),  # duplicate lines need context
+    ("a\nb\nc\nd\ne\n", "A\nb\nc\nd\nE\n"),
+    ("a\nb\n", "a\nb\nc\n"),  # pure insertion
+    ("a\na\na\n", "a\na\n"),
+])
+def test_edit_pairs_rebuild_the_new_text(old, new):
+    text = old
+    for o, n in _edit_pairs(old, new):
+        assert text.count(o) == 1
+        text = text.replace(o, n, 1)
+    assert text == new
+
+
+def test_gold_needs_a_patch(calc_task):
+    (calc_task.root / "gold.patch").unlink()
+    with pytest.raises(ValueError, match="needs a gold.patch"):
+        GoldPolicy().reset(calc_task)

@@ -1,0 +1,100 @@
+"""The tools on a real workspace: behaviour, errors the agent sees, schemas."""
+
+import pytest
+
+from env.protocol import parse_turn
+from env.tools import CodeTools, call_tool, code_tokens, tool_names, tool_schemas, truncate
+from env.workspace import make_workspace, remove_workspace
+
+PUBLIC_API = ["read_file", "edit_file", "grep", "search", "run", "lint", "run_tests", "ask_user", "submit"]
+
+
+@pytest.fixture
+def tools(calc_task):
+    ws = make_workspace(calc_task.repo_dir)
+    yield CodeTools(ws, calc_task)
+    remove_workspace(ws)
+
+
+def test_tool_names_and_schemas_are_the_public_api(tools):
+    assert tool_names() == PUBLIC_API
+    schemas = {s["function"]["name"]: s["function"] for s in tool_schemas(tools)}
+    assert list(schemas) == PUBLIC_API
+    assert schemas["read_file"]["parameters"]["required"] == ["path"]
+    assert schemas["edit_file"]["parameters"]["required"] == ["path", "old_str", "new_str"]
+    assert all(s["description"] and "return" not in s for s in schemas.values())
+    for s in schemas.values():
+        for prop in s["parameters"]["properties"].values():
+            assert prop.get("description"), f"{s['name']}: every argument is documented"
+
+
+def test_read_file_numbers_lines_and_ranges(tools):
+    assert call_tool(tools, "read_file", {"path": "calc/ops.py"}).splitlines()[1] == "   2|     return a - b"
+    assert call_tool(tools, "read_file", {"path": "calc/ops.py", "start_line": 5, "end_line": 5}) == \
+        "   5| def mul(a, b):"
+    assert call_tool(tools, "read_file", {"path": "nope.py"}).startswith("Error: ")
+    assert "past the end" in call_tool(tools, "read_file", {"path": "calc/ops.py", "start_line": 99})
+
+
+@pytest.mark.parametrize("path", ["../etc/passwd", "/etc/passwd", "calc/../../x"])
+def test_file_tools_refuse_paths_outside(tools, path):
+    for name, args in [("read_file", {"path": path}), ("edit_file", {"path": path, "old_str": "", "new_str": "x"}),
+                       ("grep", {"pattern": "x", "path": path}), ("lint", {"path": path})]:
+        out = call_tool(tools, name, args)
+        assert out.startswith("Error: "), (name, out)
+
+
+def test_edit_file_exact_unique_and_create(tools):
+    assert "not found" in call_tool(tools, "edit_file", {"path": "calc/ops.py", "old_str": "a ** b", "new_str": ""})
+    assert "occurs 2 times" in call_tool(tools, "edit_file", {"path": "calc/ops.py", "old_str": "(a, b)", "new_str": ""})
+    out = call_tool(tools, "edit_file", {"path": "calc/ops.py", "old_str": "a - b", "new_str": "a + b"})
+    assert out.startswith("Edited calc/ops.py at line 2")
+    assert "a + b" in (tools.workspace / "calc/ops.py").read_text()
+    assert "Created" in call_tool(tools, "edit_file", {"path": "calc/new/mod.py", "old_str": "", "new_str": "X = 1\n"})
+    assert "already exists" in call_tool(tools, "edit_file", {"path": "calc/ops.py", "old_str": "", "new_str": "x"})
+
+
+def test_grep_and_search(tools):
+    assert call_tool(tools, "grep", {"pattern": r"def add"}) == "calc/ops.py:1:def add(a, b):"
+    assert "No matches" in call_tool(tools, "grep", {"pattern": "zzz_nothing"})
+    assert call_tool(tools, "grep", {"pattern": "("}).startswith("Error: grep failed")
+    out = call_tool(tools, "search", {"query": "multiply mul numbers", "k": 2})
+    assert out.splitlines()[0].startswith(("calc/ops.py:", "tests/test_ops.py:"))
+    assert "k must be between" in call_tool(tools, "search", {"query": "x", "k": 0})
+    assert code_tokens("parseURL snake_case") == ["parseurl", "parse", "url", "snake_case", "snake", "case"]
+
+
+def test_search_index_follows_edits(tools):
+    assert "No results" in call_tool(tools, "search", {"query": "frobnicate"})
+    call_tool(tools, "edit_file", {"path": "calc/extra.py", "old_str": "", "new_str": "def frobnicate():\n    pass\n"})
+    assert call_tool(tools, "search", {"query": "frobnicate"}).startswith("calc/extra.py:1-2")
+
+
+def test_run_lint_tests_in_sandbox(tools):
+    assert call_tool(tools, "run", {"command": "echo hi; exit 3"}) == "hi\n[exit code 3]"
+    assert "timeout_s must be between" in call_tool(tools, "run", {"command": "true", "timeout_s": 0})
+    assert "1 failed, 1 passed" in call_tool(tools, "run_tests", {})
+    assert "1 passed" in call_tool(tools, "run_tests", {"target": "tests/test_ops.py::test_mul"})
+    (tools.workspace / "calc/bad.py").write_text("import os\n")
+    assert "F401" in call_tool(tools, "lint", {"path": "calc"})
+
+
+def test_ask_user_and_submit(tools):
+    assert "No further information" in call_tool(tools, "ask_user", {"question": "which file?"})
+    tools.task.meta["user_answer"] = "Use calc/ops.py."
+    assert call_tool(tools, "ask_user", {"question": "which file?"}) == "Use calc/ops.py."
+    assert call_tool(tools, "submit", {"summary": "done"}) == "Submitted." and tools.submission == "done"
+
+
+def test_output_truncation_says_so(tools):
+    tools.max_output_chars = 200
+    out = call_tool(tools, "run", {"command": "seq 1 5000"})
+    assert len(out) < 300 and "characters truncated" in out and out.rstrip().endswith("[exit code 0]")
+    assert truncate("x" * 10, 100) == "x" * 10
+
+
+def test_schemas_validate_calls(tools):
+    schemas = {s["function"]["name"]: s["function"] for s in tool_schemas(tools)}
+    ok = parse_turn('<tool_call>\n{"name": "run_tests", "arguments": {"target": null}}\n</tool_call>', schemas)
+    bad = parse_turn('<tool_call>\n{"name": "search", "arguments": {"query": "x", "k": "5"}}\n</tool_call>', schemas)
+    assert not ok.malformed_calls and "must be of type integer" in bad.malformed_calls[0].error
