@@ -95,6 +95,7 @@ class Trajectory:
     gen_s: float = 0.0
     env_s: float = 0.0
     grade_s: float = 0.0
+    command_s: float = 0.0  # inside sandboxed commands (tools and grading); the rest is harness overhead
     workspace: str = ""
 
     @property
@@ -230,6 +231,7 @@ def run_episode(task: Task, policy: Policy, config: EpisodeConfig | None = None)
         t0 = time.perf_counter()
         result = grade(task, workspace, tools.submission)
         traj.grade_s = time.perf_counter() - t0
+        traj.command_s = tools.command_s + result.command_s
         traj.solved = result.solved
         traj.grade = {"solved": result.solved, "returncode": result.returncode, "timed_out": result.timed_out,
                       "passed": result.passed, "failed": result.failed, "pass_fraction": result.pass_fraction,

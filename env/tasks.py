@@ -201,6 +201,7 @@ class Grade:
     output: str
     passed: int | None = None  # pytest counts when the output has a summary line
     failed: int | None = None
+    command_s: float = 0.0  # time the test command itself ran
 
     @property
     def pass_fraction(self) -> float:
@@ -231,6 +232,6 @@ def grade(task: Task, workspace: Path, submission: str = "") -> Grade:
         remove_workspace(graded)
     passed, failed = parse_test_counts(result.output)
     return Grade(result.returncode == 0 and not result.timed_out, result.returncode, result.timed_out,
-                 result.output, passed, failed)
+                 result.output, passed, failed, result.wall_s)
 
 

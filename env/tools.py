@@ -74,6 +74,7 @@ class CodeTools:
         self.chunk_lines = chunk_lines
         self.submitted = False
         self.submission = ""
+        self.command_s = 0.0  # time spent inside sandboxed commands (the rest is harness overhead)
         self._index = None  # (signature of the tree, retriever, chunks)
 
     # ----------------------------------------------------------------- tools
@@ -248,6 +249,7 @@ class CodeTools:
 
     def _exec(self, command: str, timeout_s: float) -> str:
         res = self.sandbox.run(command, timeout_s=timeout_s)
+        self.command_s += res.wall_s
         status = f"timed out after {timeout_s}s" if res.timed_out else f"exit code {res.returncode}"
         return f"{res.output.rstrip()}\n[{status}]".lstrip()
 

@@ -5,6 +5,8 @@ set -u
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v rg    >/dev/null 2>&1 || need+=(ripgrep)
+# reST sources of the CPython docs: the natural-language share of the code mix (data/build_corpus.py)
+[ -d /usr/share/doc/python3.11/html/_sources ] || need+=(python3.11-doc)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing Debian packages: ${need[*]}"

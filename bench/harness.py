@@ -1,0 +1,158 @@
+"""Harness benchmark: workspace reset, per-tool latency, sandbox spawn overhead, episode throughput.
+
+    python -m bench.harness [--tasks data/samples] [--reps 20] [--json out.json]
+
+Targets (issue 2): workspace reset < 10 ms for a 50-file repo; sandboxed spawn <= 2x a bare
+spawn; harness overhead (everything but the commands themselves) < 10% of an oracle episode.
+Timings on a shared 2-core machine are noisy: compare medians from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from env.episode import EpisodeConfig, run_episode
+from env.policies import OraclePolicy
+from env.sandbox import Sandbox, detect_backend
+from env.tasks import load_task, load_task_set
+from env.tools import CodeTools, call_tool
+from env.workspace import make_workspace, remove_workspace
+
+
+def timed(fn, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def ms(xs: list[float]) -> dict:
+    return {"p50_ms": round(pct(xs, 0.5) * 1000, 2), "p95_ms": round(pct(xs, 0.95) * 1000, 2)}
+
+
+def bench_workspace(reps: int) -> dict:
+    src = Path(tempfile.mkdtemp(prefix="bench-src-"))
+    for i in range(50):
+        (src / f"pkg{i % 5}").mkdir(exist_ok=True)
+        (src / f"pkg{i % 5}" / f"mod{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n" * 20)
+    made: list[Path] = []
+    copy = timed(lambda: made.append(make_workspace(src)), reps)
+    remove = []
+    for ws in made:
+        t0 = time.perf_counter()
+        remove_workspace(ws)
+        remove.append(time.perf_counter() - t0)
+    remove_workspace(src)
+    return {"files": 50, "copy": ms(copy), "remove": ms(remove),
+            "reset": ms([a + b for a, b in zip(copy, remove)])}
+
+
+def bench_spawn(reps: int) -> dict:
+    ws = Path(tempfile.mkdtemp(prefix="bench-spawn-"))
+    sandbox = Sandbox(ws)
+    py = [sys.executable, "-c", "pass"]
+    bare = timed(lambda: subprocess.run(py, check=True), reps)
+    boxed = timed(lambda: sandbox.run(py), reps)
+    remove_workspace(ws)
+    return {"backend": sandbox.backend if hasattr(sandbox, "backend") else detect_backend(),
+            "bare": ms(bare), "sandboxed": ms(boxed), "ratio_p50": round(pct(boxed, .5) / pct(bare, .5), 2)}
+
+
+def bench_tools(task_dir: Path, reps: int) -> dict:
+    task = load_task(task_dir)
+    ws = make_workspace(task.repo_dir)
+    tools = CodeTools(ws, task)
+    first = sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*.py"))[0]
+    calls = {
+        "read_file": {"path": first},
+        "edit_file": {"path": "bench_new.py", "old_str": "", "new_str": "X = 1\n"},
+        "grep": {"pattern": "def "},
+        "search": {"query": "parse the value and return the result"},
+        "run": {"command": "true"},
+        "lint": {"path": "."},
+        "run_tests": {},
+        "ask_user": {"question": "which file?"},
+        "submit": {"summary": "done"},
+    }
+    out = {}
+    for name, args in calls.items():
+        def once(name=name, args=args):
+            call_tool(tools, name, args)
+            if name == "edit_file":
+                (ws / "bench_new.py").unlink()
+        n = max(3, reps // 4) if name in ("run_tests", "lint") else reps
+        out[name] = ms(timed(once, n))
+    remove_workspace(ws)
+    return out
+
+
+def _oracle(task_dir: str) -> tuple[float, float, bool]:
+    traj = run_episode(load_task(task_dir), OraclePolicy(seed=0), EpisodeConfig())
+    return traj.wall_s, traj.command_s, traj.solved
+
+
+def bench_episodes(tasks: list, workers: int, rounds: int) -> dict:
+    jobs = [str(t.root) for t in tasks] * rounds
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(_oracle, jobs[:workers]))  # warm the workers (imports)
+        t0 = time.perf_counter()
+        results = list(pool.map(_oracle, jobs))
+        wall = time.perf_counter() - t0
+    episode_wall = sum(r[0] for r in results)
+    command = sum(r[1] for r in results)
+    return {"workers": workers, "episodes": len(jobs), "episodes_per_s": round(len(jobs) / wall, 3),
+            "solved": sum(r[2] for r in results),
+            # Parallel calls overlap in time, so summed command time can exceed their wall share:
+            # this overhead figure is a lower bound when episodes contain parallel commands.
+            "harness_overhead_share": round(max(0.0, 1 - command / episode_wall), 4)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", default="data/samples")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=2, help="passes over the task set per episode benchmark")
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    tasks = [t for t in load_task_set(args.tasks) if t.gold_patch or t.gold_answer]
+    results = {
+        "backend": detect_backend(),
+        "workspace": bench_workspace(args.reps),
+        "spawn": bench_spawn(args.reps),
+        "tools": bench_tools(tasks[0].root, args.reps),
+        "episodes": [bench_episodes(tasks, w, args.rounds) for w in (1, 2)],
+    }
+    w, s = results["workspace"], results["spawn"]
+    print(f"sandbox backend: {results['backend']}")
+    print(f"workspace reset (50 files): p50 {w['reset']['p50_ms']} ms (copy {w['copy']['p50_ms']}, "
+          f"remove {w['remove']['p50_ms']})   target < 10 ms")
+    print(f"spawn python -c pass: bare {s['bare']['p50_ms']} ms, sandboxed {s['sandboxed']['p50_ms']} ms, "
+          f"ratio {s['ratio_p50']}x   target <= 2x")
+    print("tool latency (ms):  " + "  ".join(f"{k} {v['p50_ms']}/{v['p95_ms']}" for k, v in results["tools"].items())
+          + "   (p50/p95)")
+    for e in results["episodes"]:
+        print(f"oracle episodes, {e['workers']} worker(s): {e['episodes_per_s']} episodes/s "
+              f"({e['solved']}/{e['episodes']} solved), harness overhead {e['harness_overhead_share']:.1%}"
+              f"   target < 10%")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
