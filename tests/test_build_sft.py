@@ -1,0 +1,61 @@
+"""Expert trajectories -> SFT rows: only solved episodes, canonical turns, bad examples kept apart."""
+
+import json
+
+import datasets
+import pytest
+from conftest import make_calc_task
+
+from data.build_sft import ExportError, bad_examples, build, sft_messages
+from env.episode import run_episode
+from env.policies import OraclePolicy
+from env.protocol import format_assistant_turn, parse_turn
+from env.tools import CodeTools, tool_schemas
+
+
+def test_sft_messages_structure_and_round_trip(calc_task):
+    traj = run_episode(calc_task, OraclePolicy(seed=3))
+    msgs = sft_messages(traj)
+    assert [m["role"] for m in msgs[:2]] == ["system", "user"]
+    raw = [m["content"] for m in traj.messages if m["role"] == "assistant"]
+    rebuilt = []
+    for m in msgs:
+        if m["role"] == "assistant":
+            assert all(isinstance(c["function"]["arguments"], str) for c in m["tool_calls"])
+            calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in m["tool_calls"]]
+            rebuilt.append(format_assistant_turn(m["content"], calls))
+        if m["role"] == "tool":
+            assert m["name"] and isinstance(m["content"], str)
+    assert rebuilt == raw
+
+
+def test_non_canonical_turn_is_refused(calc_task):
+    traj = run_episode(calc_task, OraclePolicy(seed=0))
+    traj.messages[2]["content"] = traj.messages[2]["content"].replace("\n</tool_call>", "   \n</tool_call>")
+    with pytest.raises(ExportError, match="not in canonical form"):
+        sft_messages(traj)
+
+
+def test_build_keeps_solved_episodes_and_writes_manifest(tmp_path):
+    for split in ("train", "val"):
+        make_calc_task(tmp_path / "tasks" / split, task_id=f"calc-{split}")
+    manifest = build(tmp_path / "tasks", tmp_path / "sft", variants=2, seed=0, workers=1, limit=None)
+    ds = datasets.load_from_disk(str(tmp_path / "sft" / "dataset"))
+    assert set(ds) == {"train", "validation"} and len(ds["train"]) == 2 and len(ds["validation"]) == 2
+    row = ds["train"][0]
+    assert json.loads(row["tools"]) == tool_schemas(CodeTools) and row["family"] == "fix_bug"
+    assert manifest["splits"]["train"]["kept"] == 2 and manifest["splits"]["train"]["distribution"]["solve_rate"] == 1
+    assert json.loads((tmp_path / "sft" / "manifest.json").read_text())["seed"] == 0
+    with pytest.raises(ValueError, match="not empty"):  # refuses to clobber an earlier output
+        build(tmp_path / "tasks", tmp_path / "sft", variants=1, seed=0, workers=1, limit=None)
+
+
+def test_bad_examples_are_really_malformed():
+    schemas = {s["function"]["name"]: s["function"] for s in tool_schemas(CodeTools)}
+    import random
+
+    examples = bad_examples(random.Random(0))
+    assert len(examples) >= 6
+    for ex in examples:
+        turn = parse_turn(ex["text"], schemas)
+        assert turn.malformed_calls and ex["expected_error"] in turn.malformed_calls[0].error, ex
