@@ -32,6 +32,7 @@ from env.tools import CodeTools, call_tool, iter_files, tool_schemas
 from env.workspace import make_workspace, remove_workspace
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.yaml")
+WRITING_TOOLS = {"edit_file"}  # calls that change files run sequentially within a turn
 
 
 class ExitStatus(str, Enum):
@@ -161,8 +162,15 @@ def _execute(tools: CodeTools, parsed: ParsedTurn, prompts: dict) -> list[tuple[
 
     if len(parsed.calls) == 1:
         return [one(parsed.calls[0])]
-    with ThreadPoolExecutor(max_workers=len(parsed.calls)) as pool:
-        return list(pool.map(one, parsed.calls))
+    # Edits run one after another in the order written (two edits of one file must not race,
+    # and later edits may rely on earlier ones); every other call runs concurrently with them.
+    edits = [i for i, c in enumerate(parsed.calls) if isinstance(c, ToolCall) and c.name in WRITING_TOOLS]
+    others = [i for i in range(len(parsed.calls)) if i not in edits]
+    with ThreadPoolExecutor(max_workers=len(others) + 1) as pool:
+        concurrent = {i: pool.submit(one, parsed.calls[i]) for i in others}
+        sequential = pool.submit(lambda: {i: one(parsed.calls[i]) for i in edits})
+        results = {i: f.result() for i, f in concurrent.items()} | sequential.result()
+    return [results[i] for i in range(len(parsed.calls))]
 
 
 def run_episode(task: Task, policy: Policy, config: EpisodeConfig | None = None) -> Trajectory:

@@ -3,12 +3,14 @@
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
 from env.episode import EpisodeConfig, ExitStatus, Generation, run_episode
 from env.policies import GoldPolicy, OraclePolicy, ReplayPolicy, _edit_pairs, get_policy
 from env.protocol import format_assistant_turn
+from env.workspace import remove_workspace
 
 
 class Scripted:
@@ -139,3 +141,13 @@ def test_gold_needs_a_patch(calc_task):
     (calc_task.root / "gold.patch").unlink()
     with pytest.raises(ValueError, match="needs a gold.patch"):
         GoldPolicy().reset(calc_task)
+
+
+def test_parallel_edits_of_one_file_do_not_race(calc_task):
+    edits = [("edit_file", {"path": "calc/ops.py", "old_str": f"    return a {op} b\n", "new_str": f"    return {op!r}\n"})
+             for op in ("-", "*")]
+    traj = run_episode(calc_task, Scripted(format_assistant_turn(None, edits), call("submit", summary="x")),
+                       EpisodeConfig(keep_workspace=True))
+    text = (Path(traj.workspace) / "calc/ops.py").read_text()
+    assert "return '-'" in text and "return '*'" in text
+    remove_workspace(Path(traj.workspace))
