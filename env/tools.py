@@ -98,8 +98,7 @@ class CodeTools:
         return shown if lines else f"({path} is empty)"
 
     def edit_file(self, path: str, old_str: str, new_str: str) -> str:
-        """Replace the exact text old_str with new_str in a file; old_str must occur exactly once.
-        An empty old_str creates a new file holding new_str.
+        """Replace the exact text old_str (it must occur once) with new_str; an empty old_str creates the file.
 
         Args:
             path: File path relative to the repository root.

@@ -1,6 +1,7 @@
 """Expert trajectories -> SFT rows: only solved episodes, canonical turns, bad examples kept apart."""
 
 import json
+from pathlib import Path
 
 import datasets
 import pytest
@@ -59,3 +60,16 @@ def test_bad_examples_are_really_malformed():
     for ex in examples:
         turn = parse_turn(ex["text"], schemas)
         assert turn.malformed_calls and ex["expected_error"] in turn.malformed_calls[0].error, ex
+
+
+def test_sft_rows_render_exactly_what_the_harness_showed_the_model(calc_task):
+    """The chat template on structured SFT messages == the template on the raw harness turns."""
+    from nanocomposer.model import apply_chat_template_to, build_tokenizer
+
+    files = sorted((Path(__file__).resolve().parents[1] / "env").glob("*.py"))
+    tok = apply_chat_template_to(build_tokenizer((f.read_text() for f in files), vocab_size=600))
+    traj = run_episode(calc_task, OraclePolicy(seed=2))
+    harness_view = [{k: m[k] for k in ("role", "content") if k in m} for m in traj.messages]
+    as_trained = tok.apply_chat_template(sft_messages(traj), tools=traj.tools, tokenize=False)
+    as_seen = tok.apply_chat_template(harness_view, tools=traj.tools, tokenize=False)
+    assert as_trained == as_seen

@@ -1,0 +1,441 @@
+"""The embedded default base model: a byte-level BPE tokenizer, a ChatML/Hermes chat template and a
+randomly initialised Llama, saved with `save_pretrained` so every later stage loads it exactly like a
+Hub checkpoint (`AutoTokenizer.from_pretrained(path)`, `AutoModelForCausalLM.from_pretrained(path)`).
+
+No model can be downloaded on the reference machine, so the recipe's "open base model" is built here
+and then trained by continued pretraining (CPT) on the code corpus.
+
+Choices, and why:
+- Architecture: Llama. A custom tokenizer saved beside a Qwen2 config is re-loaded by `AutoTokenizer`
+  as `Qwen2Tokenizer`, which swaps in its own pre-tokenizer (field notes, pitfall 3); with a Llama
+  config and `tokenizer_class = TokenizersBackend` the trained `tokenizer.json` is used as is.
+- Tokenizer: byte-level BPE (never an unknown token) behind the GPT-4 split regex, which keeps runs of
+  indentation together and splits numbers into groups of at most three digits. Trained on the corpus'
+  `train` split only, so validation loss is not flattered by the vocabulary.
+- Special tokens: `<|endoftext|>` separates CPT documents and pads; `<|im_start|>`/`<|im_end|>` frame
+  chat turns and `<|im_end|>` is the EOS (TRL slices tool suffixes at the last EOS; generation stops
+  there). No BOS is prepended, as in Qwen2.5: a string and its chat rendering tokenize the same way
+  whether or not a caller asks for special tokens. `<tool_call>`, `</tool_call>`, `<tool_response>`,
+  `</tool_response>` are *added but not special*: they are always one token each (the tokenizer
+  matches added tokens before BPE) yet survive `decode(..., skip_special_tokens=True)`, which TRL's
+  `parse_response` fallback and our harness both use before parsing the model's text.
+- Size (defaults: vocab 8192, hidden 256, 4 layers, 4 heads of 64, SwiGLU 704, tied embeddings,
+  context 1024): the tiny pipeline has to run CPT (~10 min) then SFT (~4 min) on 2 CPU cores.
+  `python -m nanocomposer.model bench` (fp32 forward+backward+AdamW on 8x256 tokens, best of 10 steps),
+  measured while other jobs held the 2-core machine at load ~8-10, so only the ratios are meaningful:
+      hidden 192, 4 layers:  3.3 M params, 760 tokens/s
+      hidden 256, 4 layers:  5.3 M params, 670 tokens/s   <- default (3,780 tokens/s at lower load)
+      hidden 256, 6 layers:  6.9 M params, 465 tokens/s
+      hidden 384, 6 layers: 13.8 M params, 217 tokens/s
+  At vocab 8192 the LM head is a large share of the compute, so going narrower buys little speed
+  (+13%) for a much weaker transformer, while more layers (-30%) or width (-68%) cut the tokens a
+  10-minute CPT sees. The field notes' 6.8 M-param Llama ran CPT at ~1,500 tokens/s in plain Trainer
+  (~0.9 M tokens in 10 min; loss 9.1 -> 4.1) and then learned well-formed tool calls in 60 SFT steps.
+  Tying input and output embeddings saves 2.1 M parameters (28% of the untied model).
+  The context (1024) only sets RoPE's position limit; it costs no parameters or compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
+# Added, not special: see the module docstring.
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+# GPT-4 (cl100k) pre-tokenization split, as used by Qwen2 and Llama 3 byte-level tokenizers.
+SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+DEFAULT_SIZES = {"vocab_size": 8192, "hidden": 256, "layers": 4, "heads": 4, "context": 1024, "seed": 0}
+
+# How `tokenizer.parse_response` (transformers >= 5.13) reads a generated assistant turn back into
+# `{"role", "content", "tool_calls"}`. TRL's GRPOTrainer needs it for `tools=` and only knows the
+# templates of Hub models (`trl.chat_template_utils.add_response_schema`); our turns have the shape of
+# Qwen2.5/Qwen3 turns, so this mirrors TRL's `qwen3_template` without the reasoning field. It is saved
+# in tokenizer_config.json.
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": f"{IM_START}assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+def iter_corpus_texts(corpus: str | Path, split: str = "train") -> Iterator[str]:
+    """Texts of one split of the corpus.
+
+    `corpus` is either a `datasets.DatasetDict` saved with `save_to_disk` (splits `train`/`validation`,
+    a `text` column; what `data/build_corpus.py` writes) or a directory of `.py` files, walked in sorted
+    order (a stand-in for tests and for use before the corpus exists; it has no splits).
+    """
+    corpus = Path(corpus)
+    if (corpus / "dataset_dict.json").is_file():
+        from datasets import load_from_disk
+
+        dataset_dict = load_from_disk(str(corpus))
+        if split not in dataset_dict:
+            raise ValueError(f"corpus {corpus}: no {split!r} split (has {sorted(dataset_dict)})")
+        dataset = dataset_dict[split]
+        if "text" not in dataset.column_names:
+            raise ValueError(f"corpus {corpus}[{split!r}]: no 'text' column (has {dataset.column_names})")
+        for batch in dataset.select_columns(["text"]).iter(batch_size=1000):
+            yield from batch["text"]
+    elif corpus.is_dir():
+        for path in sorted(corpus.rglob("*.py")):
+            try:
+                yield path.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue  # a few stdlib test files are deliberately not UTF-8
+    else:
+        raise FileNotFoundError(
+            f"corpus {corpus}: expected a saved DatasetDict (with dataset_dict.json) or a directory of .py files"
+        )
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on `texts` and wrap it for transformers, chat template included.
+
+    `vocab_size` counts everything: 3 special tokens, 4 tool tokens and the BPE vocabulary (which can
+    come out smaller when the texts are too few to support that many merges).
+    """
+    floor = 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS)
+    if vocab_size <= floor:
+        raise ValueError(
+            f"vocab_size={vocab_size}: must exceed {floor} (256 bytes + special and tool tokens)"
+        )
+
+    n_texts = 0
+
+    def counted(texts: Iterable[str]) -> Iterator[str]:
+        nonlocal n_texts
+        for text in texts:
+            if not isinstance(text, str):
+                raise TypeError(f"build_tokenizer: text #{n_texts} is {type(text).__name__}, expected str")
+            n_texts += 1
+            yield text
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TOOL_TOKENS),
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(counted(texts), trainer=trainer)
+    if n_texts == 0:
+        raise ValueError("build_tokenizer: no training texts")
+    bpe.add_tokens([AddedToken(token, special=False, normalized=False) for token in TOOL_TOKENS])
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[IM_START],
+        clean_up_tokenization_spaces=False,
+        model_max_length=DEFAULT_SIZES["context"],
+    )
+    return apply_chat_template_to(tokenizer)
+
+
+def load_chat_template() -> str:
+    """The Jinja chat template shipped next to this module (see its header for the format)."""
+    return CHAT_TEMPLATE_PATH.read_text(encoding="utf-8")
+
+
+def apply_chat_template_to(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """Install our chat template and its response parser on `tokenizer` (in place; also returned)."""
+    missing = [t for t in (*SPECIAL_TOKENS, *TOOL_TOKENS) if tokenizer.convert_tokens_to_ids(t) is None]
+    if missing:
+        raise ValueError(f"apply_chat_template_to: tokenizer lacks the template's tokens {missing}")
+    tokenizer.chat_template = load_chat_template()
+    tokenizer.response_template = RESPONSE_TEMPLATE
+    return tokenizer
+
+
+# --------------------------------------------------------------------------- model
+
+
+def ffn_width(hidden: int) -> int:
+    """Llama's SwiGLU width: 8/3 of the hidden size, rounded up to a multiple of 64."""
+    return 64 * math.ceil(8 * hidden / 3 / 64)
+
+
+def build_model(
+    tokenizer: PreTrainedTokenizerFast, *, hidden: int, layers: int, heads: int, context: int, seed: int
+) -> LlamaForCausalLM:
+    """A randomly initialised Llama sized to `tokenizer`, with token ids and generation stops set."""
+    if hidden % heads:
+        raise ValueError(f"build_model: hidden={hidden} is not divisible by heads={heads}")
+    if (hidden // heads) % 2:
+        raise ValueError(f"build_model: head size {hidden // heads} must be even for rotary embeddings")
+    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    endoftext_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=ffn_width(hidden),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=context,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        # Only used when generating from nothing: start as if at a document boundary.
+        bos_token_id=endoftext_id,
+        eos_token_id=eos_id,
+        pad_token_id=endoftext_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    # Stop at the end of a chat turn or, for the CPT'd base model sampled on raw code, of a document.
+    model.generation_config.eos_token_id = [eos_id, endoftext_id]
+    model.generation_config.pad_token_id = endoftext_id
+    model.generation_config.bos_token_id = endoftext_id
+    return model
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_base(out_dir: str | Path, corpus: str | Path, **sizes: int) -> Path:
+    """Train the tokenizer on `corpus`'s train split, build the model and save both to `out_dir`.
+
+    `sizes` overrides DEFAULT_SIZES (vocab_size, hidden, layers, heads, context, seed).
+    """
+    unknown = set(sizes) - set(DEFAULT_SIZES)
+    if unknown:
+        raise TypeError(
+            f"build_base: unknown size arguments {sorted(unknown)} (known: {sorted(DEFAULT_SIZES)})"
+        )
+    cfg = {**DEFAULT_SIZES, **sizes}
+    out_dir = Path(out_dir)
+
+    stats = {"documents": 0, "characters": 0}
+
+    def tracked(texts: Iterable[str]) -> Iterator[str]:
+        for text in texts:
+            stats["documents"] += 1
+            stats["characters"] += len(text)
+            yield text
+
+    started = time.perf_counter()
+    tokenizer = build_tokenizer(tracked(iter_corpus_texts(corpus, "train")), cfg["vocab_size"])
+    tokenizer_seconds = time.perf_counter() - started
+    tokenizer.model_max_length = cfg["context"]
+    model = build_model(
+        tokenizer,
+        hidden=cfg["hidden"],
+        layers=cfg["layers"],
+        heads=cfg["heads"],
+        context=cfg["context"],
+        seed=cfg["seed"],
+    )
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    card = {
+        **cfg,
+        "vocab_size": len(tokenizer),
+        "vocab_size_requested": cfg["vocab_size"],
+        "intermediate": model.config.intermediate_size,
+        "parameters": count_parameters(model),
+        "corpus": str(corpus),
+        "corpus_kind": "DatasetDict, train split"
+        if (Path(corpus) / "dataset_dict.json").is_file()
+        else "directory of .py files",
+        "tokenizer_train_documents": stats["documents"],
+        "tokenizer_train_characters": stats["characters"],
+        "tokenizer_seconds": round(tokenizer_seconds, 1),
+    }
+    (out_dir / "README.md").write_text(model_card(card), encoding="utf-8")
+    return out_dir
+
+
+def model_card(card: dict) -> str:
+    return f"""# nanocomposer base model (random init)
+
+A byte-level BPE tokenizer trained on the code corpus and a randomly initialised Llama. It knows
+nothing yet; continued pretraining comes next. Rebuild (deterministic for the same corpus):
+
+    python -m nanocomposer.model build --out OUT --corpus {card["corpus"]} --vocab-size {card["vocab_size_requested"]} \\
+        --hidden {card["hidden"]} --layers {card["layers"]} --heads {card["heads"]} --context {card["context"]} --seed {card["seed"]}
+
+| | |
+|---|---|
+| architecture | LlamaForCausalLM, tied input/output embeddings |
+| parameters | {card["parameters"]:,} |
+| hidden / layers / heads | {card["hidden"]} / {card["layers"]} / {card["heads"]} (head size {card["hidden"] // card["heads"]}) |
+| SwiGLU width | {card["intermediate"]} |
+| context (max positions, RoPE) | {card["context"]} |
+| vocabulary | {card["vocab_size"]} (requested {card["vocab_size_requested"]}) |
+| init seed | {card["seed"]} |
+
+## Tokenizer
+
+Byte-level BPE behind the GPT-4 split regex, trained with `tokenizers` on `{card["corpus"]}`
+({card["corpus_kind"]}): {card["tokenizer_train_documents"]:,} documents, {card["tokenizer_train_characters"]:,}
+characters ({card["tokenizer_seconds"]} s). Special: `<|endoftext|>` (document separator, pad),
+`<|im_start|>`, `<|im_end|>` (EOS). Added, not special (kept by `skip_special_tokens=True`):
+`<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>`. No BOS is prepended.
+
+## Chat template
+
+ChatML turns with Hermes tool calls (`nanocomposer/chat_template.jinja`, spec in
+`docs/architecture.md`); assistant bodies are wrapped in `{{% generation %}}` for assistant-only loss;
+`response_template` is set for `tokenizer.parse_response`.
+
+```
+{json.dumps(card, indent=2)}
+```
+"""
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def measure_throughput(
+    tokenizer_vocab: int,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    batch: int = 8,
+    seq: int = 256,
+    steps: int = 5,
+) -> tuple[int, float]:
+    """(parameters, tokens/s) of fp32 forward+backward+AdamW steps on random token ids.
+
+    Reports the fastest of `steps` timed steps (after one warm-up): on a shared machine the mean mostly
+    measures the neighbours, the best step is the closest to the machine's own speed.
+    """
+    config = LlamaConfig(
+        vocab_size=tokenizer_vocab,
+        hidden_size=hidden,
+        intermediate_size=ffn_width(hidden),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max(seq, 1024),
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, tokenizer_vocab, (batch, seq))
+
+    def step() -> None:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    fastest = math.inf
+    for _ in range(steps):
+        started = time.perf_counter()
+        step()
+        fastest = min(fastest, time.perf_counter() - started)
+    return count_parameters(model), batch * seq / fastest
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nanocomposer.model", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    build = commands.add_parser("build", help="train the tokenizer and save a randomly initialised model")
+    build.add_argument("--out", required=True, type=Path, help="output directory (e.g. artifacts/base)")
+    build.add_argument(
+        "--corpus",
+        required=True,
+        type=Path,
+        help="saved DatasetDict with a text column, or a directory of .py",
+    )
+    for name in ("vocab_size", "hidden", "layers", "heads", "context", "seed"):
+        build.add_argument(f"--{name.replace('_', '-')}", type=int, default=DEFAULT_SIZES[name])
+
+    bench = commands.add_parser("bench", help="parameters and training tokens/s for candidate sizes")
+    bench.add_argument("--vocab-size", type=int, default=DEFAULT_SIZES["vocab_size"])
+    bench.add_argument(
+        "--sizes", nargs="+", default=["192x4x3", "256x4x4", "384x6x6"], help="HIDDENxLAYERSxHEADS candidates"
+    )
+    bench.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    if args.command == "build":
+        out = build_base(
+            args.out,
+            args.corpus,
+            vocab_size=args.vocab_size,
+            hidden=args.hidden,
+            layers=args.layers,
+            heads=args.heads,
+            context=args.context,
+            seed=args.seed,
+        )
+        print((out / "README.md").read_text(encoding="utf-8"))
+        return 0
+
+    print(f"torch threads: {torch.get_num_threads()}; batch 8x256, fp32, forward+backward+AdamW, best step")
+    for size in args.sizes:
+        try:
+            hidden, layers, heads = (int(part) for part in size.split("x"))
+        except ValueError:
+            parser.error(f"--sizes: {size!r} is not HIDDENxLAYERSxHEADS")
+        params, tokens_per_s = measure_throughput(
+            args.vocab_size, hidden=hidden, layers=layers, heads=heads, steps=args.steps
+        )
+        print(
+            f"hidden {hidden:4d} layers {layers:2d} heads {heads:2d}: {params / 1e6:5.1f} M params, "
+            f"{tokens_per_s:7,.0f} tokens/s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
