@@ -1,0 +1,175 @@
+"""Task factory: split leakage, a small validated build, the task dir <-> dataset round trip."""
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from data.build_tasks import (
+    DATASET_COLUMNS,
+    assign_splits,
+    build,
+    check_split_leakage,
+    parse_args,
+    row_from_task,
+    task_from_row,
+)
+from data.families import FAMILIES
+from data.families.base import SourceProject, load_projects, parse_failure
+from data.families.fix_lint import INJECTORS, SIDE_EFFECT_CODES, ruff_diagnostics
+from data.families.locate import checker_source
+from env.tasks import Task, apply_patch, grade, load_task, load_task_set
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECTS = ROOT / "data" / "projects"
+SMALL_BUILD = ["iniconf", "micro_roman", "micro_clamp"]
+
+
+def _project(name: str, kind: str = "curated") -> SourceProject:
+    return SourceProject(name, "", "MIT", "true", {"m.py": "", "tests/test_m.py": ""}, kind)
+
+
+def test_splits_are_disjoint_complete_nonempty_and_deterministic():
+    projects = [_project(f"p{i}") for i in range(8)] + [_project(f"micro_{i}") for i in range(12)]
+    splits = assign_splits(projects, seed=0)
+    names = [n for split in splits.values() for n in split]
+    assert sorted(names) == sorted(p.name for p in projects)  # each project exactly once
+    assert all(splits[s] for s in ("train", "val", "test"))
+    assert assign_splits(list(reversed(projects)), seed=0) == splits
+    assert assign_splits(projects, seed=1) != splits
+    for split in ("val", "test"):  # stratified: held-out splits see both tiers
+        assert any(n.startswith("micro_") for n in splits[split]) and any(n.startswith("p") for n in splits[split])
+
+
+def test_too_few_projects_for_three_splits_is_an_error():
+    with pytest.raises(ValueError, match="at least 3 source projects"):
+        assign_splits([_project("a"), _project("b")], seed=0)
+
+
+def test_split_leakage_is_detected(tmp_path):
+    def task(id_, project):
+        return Task(id_, "x", "true", tmp_path, meta={"project": project})
+
+    check_split_leakage({"train": [task("a", "p1")], "val": [task("b", "p2")], "test": []})
+    with pytest.raises(ValueError, match="split leakage: project 'p1'"):
+        check_split_leakage({"train": [task("a", "p1")], "val": [task("b", "p1")], "test": []})
+
+
+@pytest.fixture(scope="module")
+def small_build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tasks")
+    args = parse_args(["--out", str(out), "--projects", str(PROJECTS), "--only", ",".join(SMALL_BUILD),
+                       "--per-project", "1", "--seed", "0", "--workers", "2", "--overwrite"])
+    return out, build(args)
+
+
+def test_small_build_layout_manifest_and_no_leakage(small_build):
+    out, manifest = small_build
+    tasks = load_task_set(out)
+    assert len(tasks) == manifest["counts"]["total"] >= 7  # 3 projects x 3 families + locate on iniconf
+    assert {t.meta["family"] for t in tasks} == set(FAMILIES)
+    assert {t.meta["tier"] for t in tasks} == {"micro", "repo"}
+    by_split = {s: [t for t in tasks if t.meta["split"] == s] for s in ("train", "val", "test")}
+    check_split_leakage(by_split)
+    assert json.loads((out / "splits.json").read_text()) == manifest["splits"]
+    for t in tasks:
+        assert t.root.parent.name == t.meta["split"]
+        assert t.meta["project"] in manifest["splits"][t.meta["split"]]
+        assert len(manifest["tasks"][t.id]["sha256"]) == 64
+        if t.meta["tier"] == "micro":  # fits the tiny model's context
+            assert sum(len(p.read_text()) for p in t.repo_dir.rglob("*") if p.is_file()) < 1500
+    assert manifest["candidates"]["fix_bug"]["accepted"] == len([t for t in tasks if t.meta["family"] == "fix_bug"])
+
+
+def test_small_build_gold_solves_all_and_noop_none(small_build, tmp_path):
+    out, _ = small_build
+    for task in load_task_set(out):
+        assert not grade(task, task.repo_dir, "").solved, f"noop solves {task.id}"
+        workspace = tmp_path / task.id
+        shutil.copytree(task.repo_dir, workspace)
+        if task.gold_patch:
+            apply_patch(workspace, task.gold_patch)
+        else:
+            assert task.meta["family"] == "locate" and task.gold_answer
+        result = grade(task, workspace, task.gold_answer or "")
+        assert result.solved, f"gold fails {task.id}: {result.output[-500:]}"
+
+
+def test_fix_bug_instruction_reads_like_a_report_not_a_mutation(small_build):
+    out, _ = small_build
+    for task in load_task_set(out):
+        if task.meta["family"] == "fix_bug":
+            assert task.meta["mutation"] not in task.instruction
+            assert "test" in task.instruction.lower()
+
+
+def test_round_trip_task_dir_dataset_row(small_build, tmp_path):
+    from datasets import load_from_disk
+
+    out, _ = small_build
+    dataset = load_from_disk(str(out / "dataset"))
+    assert sum(len(dataset[s]) for s in dataset) == len(load_task_set(out))
+    for split in dataset:
+        assert set(dataset[split].column_names) == set(DATASET_COLUMNS)
+        for row in dataset[split]:
+            original = load_task(row["task_dir"])
+            assert row == row_from_task(original)
+            rebuilt = load_task(task_from_row(row, tmp_path / row["id"]))
+            assert {**row_from_task(rebuilt), "task_dir": ""} == {**row, "task_dir": ""}
+            files = sorted(p.relative_to(original.root) for p in original.root.rglob("*") if p.is_file())
+            assert files == sorted(p.relative_to(rebuilt.root) for p in rebuilt.root.rglob("*") if p.is_file())
+            for rel in files:
+                assert (original.root / rel).read_bytes() == (rebuilt.root / rel).read_bytes()
+
+
+def test_task_from_row_rejects_incomplete_rows(tmp_path):
+    with pytest.raises(ValueError, match="lacks columns"):
+        task_from_row({"id": "x"}, tmp_path / "x")
+
+
+@pytest.mark.parametrize("kind", sorted(INJECTORS))
+def test_each_lint_injection_is_flagged_by_ruff(kind):
+    code, inject = INJECTORS[kind]
+    source = (PROJECTS / "iniconf" / "iniconf" / "config.py").read_text()
+    project = load_projects(PROJECTS, ["iniconf"])[0]
+    options = inject(source, random.Random(0))
+    assert options, f"{kind} found no site in iniconf/config.py"
+    _, injected = options[0]
+    codes = [d["code"] for d in ruff_diagnostics({**project.files, "iniconf/config.py": injected})]
+    assert [c for c in codes if c not in SIDE_EFFECT_CODES] == [code]
+
+
+def test_locate_checker_accepts_only_the_right_path(tmp_path):
+    (tmp_path / "check.py").write_text(checker_source("pkg/b.py", ["pkg/a.py", "pkg/b.py"]))
+
+    def passes(submission: str) -> bool:
+        (tmp_path / ".submission.txt").write_text(submission)
+        proc = subprocess.run([sys.executable, "check.py"], cwd=tmp_path, capture_output=True, check=False)
+        return proc.returncode == 0
+
+    assert passes("It is defined in pkg/b.py.")
+    assert passes("./pkg/b.py")
+    assert not passes("")
+    assert not passes("pkg/a.py")
+    assert not passes("b.py")
+    assert not passes("pkg/a.py or pkg/b.py")  # naming every module does not pay
+
+
+def test_parse_failure_pytest_and_unittest():
+    pytest_out = (">       assert to_roman(4) == 'IV'\nE       AssertionError: assert 'IIII' == 'IV'\n"
+                  "FAILED tests/test_roman.py::test_round_trip[4-IV] - AssertionError: assert 'IIII' == 'IV'\n"
+                  "1 failed in 0.1s\n")
+    report = parse_failure(pytest_out)
+    assert report.test == "tests/test_roman.py::test_round_trip[4-IV]"
+    assert report.message == "AssertionError: assert 'IIII' == 'IV'"
+    assert report.source_line == "assert to_roman(4) == 'IV'"
+    unittest_out = ("F.\n=====\nFAIL: test_quote (test_shlex.ShlexTest.test_quote)\n-----\nTraceback:\n"
+                    "  File \"x\", line 1\nAssertionError: 'a' != 'b'\n-----\nRan 2 tests\n\nFAILED (failures=1)\n")
+    report = parse_failure(unittest_out)
+    assert report.test == "test_shlex.ShlexTest.test_quote"
+    assert report.message == "AssertionError: 'a' != 'b'"
+    assert parse_failure("all good\n") is None
