@@ -22,7 +22,7 @@ demo: $(STAMP)
 	bash runs/tiny.sh
 
 data: $(STAMP)
-	$(PY) -m data.build_all
+	bash runs/data.sh
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

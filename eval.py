@@ -25,28 +25,50 @@ from env.metrics import summarize
 from env.policies import get_policy
 from env.tasks import Task, TaskError, load_task_set
 
+_WORKER_POLICY = None  # built once per worker process: loading a checkpoint costs seconds
 
-def _run_one(args: tuple[str, str, EpisodeConfig]) -> Trajectory:
-    task_dir, policy_spec, config = args
+
+def _init_worker(policy_spec: str, policy_kwargs: dict, threads: int | None) -> None:
+    global _WORKER_POLICY
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    _WORKER_POLICY = get_policy(policy_spec, **policy_kwargs)
+
+
+def _run_one(args: tuple[str, EpisodeConfig]) -> Trajectory:
     from env.tasks import load_task
 
-    return run_episode(load_task(task_dir), get_policy(policy_spec), config)
+    task_dir, config = args
+    return run_episode(load_task(task_dir), _WORKER_POLICY, config)
+
+
+def policy_kwargs_for(spec: str, sampling: dict) -> dict:
+    """Sampling settings apply to checkpoint policies; scripted ones take none."""
+    return sampling if Path(spec).exists() else {}
 
 
 def evaluate(tasks: list[Task], policy_spec: str, config: EpisodeConfig, workers: int = 1,
-             progress: bool = True) -> tuple[list[Trajectory], float]:
+             progress: bool = True, sampling: dict | None = None) -> tuple[list[Trajectory], float]:
+    """Run every task in a fresh sandbox; trajectories come back in task order."""
     from tqdm import tqdm
 
+    kwargs = policy_kwargs_for(policy_spec, sampling or {})
     t0 = time.perf_counter()
-    jobs = [(str(t.root), policy_spec, config) for t in tasks]
-    bar = tqdm(total=len(jobs), desc=f"eval {policy_spec}", unit="task", disable=not progress)
+    jobs = [(str(t.root), config) for t in tasks]
+    bar = tqdm(total=len(jobs), desc=f"eval {Path(policy_spec).name or policy_spec}", unit="task",
+               disable=not progress)
     results: list[Trajectory] = []
     if workers <= 1:
+        _init_worker(policy_spec, kwargs, None)
         for job in jobs:
             results.append(_run_one(job))
             bar.update()
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+    else:  # one torch thread per worker: on 2 cores, two 1-thread workers beat one 2-thread worker
+        threads = 1 if kwargs or Path(policy_spec).exists() else None
+        with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
+                                 initargs=(policy_spec, kwargs, threads)) as pool:
             for traj in pool.map(_run_one, jobs):
                 results.append(traj)
                 bar.update()
@@ -90,7 +112,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", required=True, help="a task directory or a directory of task directories")
-    p.add_argument("--policy", required=True, help="gold | noop | oracle | replay:FILE")
+    p.add_argument("--policy", required=True, help="gold | noop | oracle | replay:FILE | a checkpoint directory")
     p.add_argument("--output", required=True, help="results JSON path")
     p.add_argument("--workers", type=int, default=1, help="episodes run in parallel processes")
     p.add_argument("--max-turns", type=int, default=EpisodeConfig.max_turns)
@@ -98,6 +120,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-wall-s", type=float, default=EpisodeConfig.max_wall_s)
     p.add_argument("--max-output-chars", type=int, default=EpisodeConfig.max_output_chars)
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks (sorted by id)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="per turn (checkpoint policies)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checkpoint policies)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (checkpoint policies)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
     return p
 
@@ -114,15 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     output = Path(args.output)
     if not output.parent.is_dir():
         return fail(f"--output directory {str(output.parent)!r} does not exist")
+    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}
     try:
         tasks = load_task_set(args.tasks)
-        get_policy(args.policy)  # fail on a bad policy before any episode runs
-    except (TaskError, ValueError) as e:
+        get_policy(args.policy, **policy_kwargs_for(args.policy, sampling))  # fail before any episode runs
+    except (TaskError, ValueError, RuntimeError, OSError) as e:  # ModelLoadError is a RuntimeError
         return fail(str(e))
     tasks = tasks[: args.limit] if args.limit else tasks
     config = EpisodeConfig(max_turns=args.max_turns, max_tokens=args.max_tokens, max_wall_s=args.max_wall_s,
                            max_output_chars=args.max_output_chars)
-    trajectories, wall_s = evaluate(tasks, args.policy, config, args.workers, progress=not args.quiet)
+    trajectories, wall_s = evaluate(tasks, args.policy, config, args.workers, progress=not args.quiet,
+                                    sampling=sampling)
     summary = {**summarize(trajectories, wall_s), "policy": args.policy, "tasks": str(args.tasks)}
     write_json_atomic(output, {"summary": summary, "tasks": [task_record(t) for t in trajectories]})
     if not args.quiet:

@@ -42,6 +42,7 @@ class ExitStatus(str, Enum):
     TIMEOUT = "timeout"
     REPEATED_MALFORMED = "repeated_malformed"
     NO_TOOL_CALL = "no_tool_call"
+    MAX_CONTEXT = "max_context"  # the conversation outgrew the model's context window
     POLICY_ERROR = "policy_error"  # the policy raised (e.g. a broken checkpoint); the message is kept
 
 
@@ -201,7 +202,8 @@ def run_episode(task: Task, policy: Policy, config: EpisodeConfig | None = None)
                 gen = policy.act(messages, schemas)
             except Exception as e:  # noqa: BLE001  (a broken policy ends its episode, not the run)
                 traj.error = f"{type(e).__name__}: {e}"
-                status = ExitStatus.POLICY_ERROR
+                # matched by attribute, so env/ needs no torch import (nanocomposer.policy.ContextOverflow)
+                status = ExitStatus(getattr(e, "exit_status", ExitStatus.POLICY_ERROR.value))
                 break
             gen = Generation(gen) if isinstance(gen, str) else gen
             gen_s = time.perf_counter() - t0

@@ -275,4 +275,9 @@ def get_policy(spec: str, **kwargs):
         return POLICIES[spec](**kwargs)
     if spec.startswith("replay:"):
         return ReplayPolicy(spec.split(":", 1)[1])
-    raise ValueError(f"unknown policy {spec!r}: use one of {', '.join(POLICIES)}, replay:FILE")
+    if Path(spec).exists():  # a checkpoint dir (model or PEFT adapter); a broken one raises ModelLoadError
+        from nanocomposer.policy import ModelPolicy, SamplingConfig  # lazy: env/ stays torch-free
+
+        return ModelPolicy(spec, sampling=SamplingConfig(**kwargs))
+    raise ValueError(f"unknown policy {spec!r}: use one of {', '.join(POLICIES)}, replay:FILE, "
+                     "or a checkpoint directory")

@@ -125,7 +125,8 @@ def _files(tree: Path | dict[str, str]) -> dict[str, str]:
 
 def _write_tree(dest: Path, tree: Path | dict[str, str]) -> None:
     if isinstance(tree, Path):
-        shutil.copytree(tree, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(
+            "__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache", ".hypothesis", ".mypy_cache"))
         return
     dest.mkdir(parents=True, exist_ok=True)
     for rel, text in tree.items():

@@ -20,7 +20,7 @@ Choices, and why:
   matches added tokens before BPE) yet survive `decode(..., skip_special_tokens=True)`, which TRL's
   `parse_response` fallback and our harness both use before parsing the model's text.
 - Size (defaults: vocab 8192, hidden 256, 4 layers, 4 heads of 64, SwiGLU 704, tied embeddings,
-  context 1024): the tiny pipeline has to run CPT (~10 min) then SFT (~4 min) on 2 CPU cores.
+  context 4096): the tiny pipeline has to run CPT (~10 min) then SFT (~4 min) on 2 CPU cores.
   `python -m nanocomposer.model bench` (fp32 forward+backward+AdamW on 8x256 tokens, best of 10 steps),
   measured while other jobs held the 2-core machine at load ~8-10, so only the ratios are meaningful:
       hidden 192, 4 layers:  3.3 M params, 760 tokens/s
@@ -32,7 +32,7 @@ Choices, and why:
   10-minute CPT sees. The field notes' 6.8 M-param Llama ran CPT at ~1,500 tokens/s in plain Trainer
   (~0.9 M tokens in 10 min; loss 9.1 -> 4.1) and then learned well-formed tool calls in 60 SFT steps.
   Tying input and output embeddings saves 2.1 M parameters (28% of the untied model).
-  The context (1024) only sets RoPE's position limit; it costs no parameters or compute.
+  The context (4096) only sets RoPE's position limit; it costs no parameters or compute.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ SPLIT_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-DEFAULT_SIZES = {"vocab_size": 8192, "hidden": 256, "layers": 4, "heads": 4, "context": 1024, "seed": 0}
+DEFAULT_SIZES = {"vocab_size": 8192, "hidden": 256, "layers": 4, "heads": 4, "context": 4096, "seed": 0}
 
 # How `tokenizer.parse_response` (transformers >= 5.13) reads a generated assistant turn back into
 # `{"role", "content", "tool_calls"}`. TRL's GRPOTrainer needs it for `tools=` and only knows the

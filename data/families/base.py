@@ -92,12 +92,17 @@ def load_project(root: Path) -> SourceProject:
     files = {
         p.relative_to(root).as_posix(): p.read_text()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "project.json" and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        if p.is_file() and p.name != "project.json" and not CACHE_DIRS & set(p.relative_to(root).parts)
+        and p.suffix != ".pyc"
     }
     project = SourceProject(spec["name"], spec["description"], spec["license"], spec["test_command"], files)
     if not project.source_files or not project.test_files:
         raise ValueError(f"source project {str(root)!r}: needs at least one module and one test file")
     return project
+
+
+# tool caches a developer's own runs leave in a project; never part of a task
+CACHE_DIRS = {"__pycache__", ".ruff_cache", ".pytest_cache", ".hypothesis", ".mypy_cache", ".git"}
 
 
 def load_projects(projects_dir: Path, names: list[str] | None = None) -> list[SourceProject]:

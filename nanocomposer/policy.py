@@ -1,0 +1,421 @@
+"""A `from_pretrained` checkpoint acting as a policy in the agent harness (`env.episode.run_episode`).
+
+    policy = ModelPolicy("runs/tiny/sft")                      # a saved model directory
+    policy = ModelPolicy("runs/tiny/sft-lora")                 # a PEFT adapter directory (base + adapter)
+    policy = ModelPolicy(model, tokenizer, SamplingConfig(temperature=1.0, seed=3))   # RL: the live model
+    trajectory = run_episode(task, policy, EpisodeConfig())
+
+Each `act` renders the conversation with the tokenizer's chat template (tools included), generates
+one assistant turn, and returns a `Generation` carrying exactly what RL needs: the prompt ids, the
+completion ids (with the stop token when one was generated) and the log-probability of every
+completion token under the distribution it was drawn from.
+
+Choices, and why:
+- Text is decoded from the completion ids minus the final stop token, with special tokens KEPT.
+  The harness stores that text as the assistant message's `content`, and the chat template renders
+  it verbatim followed by `<|im_end|>`, so the next prompt shows the model what it wrote. The tool
+  tags are added-but-not-special tokens in our tokenizer, so they survive either way; checkpoints
+  whose tokenizer marks them special (Qwen2.5 does) keep them too because nothing is skipped.
+- Logprobs are TRL's and vLLM's `processed_logprobs`: log-softmax of the scores after temperature and
+  top-p (the distribution the token was sampled from; greedy: the raw model distribution). TRL's
+  importance-sampling correction expects exactly these.
+- Decoding is set by `SamplingConfig` alone. `generate` fills every knob left unset from the model's
+  generation_config and then from global defaults (top_k=50!), so each knob with a neutral value is
+  passed explicitly, and a loaded checkpoint's generation_config is replaced by one holding only its
+  stop/pad ids: a `top_k`, `repetition_penalty` or `suppress_tokens` saved by some training stage
+  cannot change eval silently. (A live model passed in keeps its own generation_config; only its
+  None-gated knobs, e.g. suppress_tokens, could still apply.)
+- Sampling is reproducible: each turn draws from a seed derived from (seed, task id, episode number
+  of this policy object, turn number), inside `torch.random.fork_rng`, so the caller's global RNG
+  (the RL trainer's) is untouched, and G rollouts of one task through one policy differ.
+- Context: a prompt longer than `max_context - max_new_tokens` raises `ContextOverflow` (see there).
+- `backend` is the seam for vLLM on GPU; only "transformers" is implemented.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from env.episode import Generation
+
+MESSAGE_KEYS = ("role", "content", "name", "tool_calls")  # what the chat template reads
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+ADAPTER_WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+BACKENDS = ("transformers",)
+
+
+class ModelLoadError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the path and what is wrong with it."""
+
+
+class ContextOverflow(RuntimeError):
+    """The conversation no longer fits: prompt tokens + max_new_tokens > max_context.
+
+    Raised instead of returning an empty, truncated `Generation` because that would record a fake
+    assistant turn (zero completion tokens for RL to train on, and an eval exit status of
+    `no_tool_call` that blames the model for something the harness budget did). Raising ends the
+    episode at a clean turn boundary: every recorded turn is a real generation, the workspace is
+    graded as it stands, and the exit reason is named. `exit_status` is the name the episode loop
+    should record (today it records `policy_error` with this message).
+    """
+
+    exit_status = "max_context"
+
+    def __init__(self, prompt_tokens: int, max_new_tokens: int, max_context: int):
+        self.prompt_tokens, self.max_new_tokens, self.max_context = prompt_tokens, max_new_tokens, max_context
+        super().__init__(f"prompt of {prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the "
+                         f"context of {max_context} tokens")
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+    max_context: int | None = None  # None: the model's max_position_embeddings
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens}: must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingConfig.temperature={self.temperature}: must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingConfig.top_p={self.top_p}: must be in (0, 1]")
+        if self.max_context is not None and self.max_context <= self.max_new_tokens:
+            raise ValueError(f"SamplingConfig.max_context={self.max_context}: must exceed "
+                             f"max_new_tokens={self.max_new_tokens}")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def is_model_dir(path) -> bool:
+    """Whether `path` is a directory that claims to be a checkpoint (config.json or adapter_config.json).
+
+    Cheap (no loading): for routing a policy spec. Whether it actually loads is `load_model_and_tokenizer`'s
+    business, which says what is wrong when it does not.
+    """
+    try:
+        p = Path(path)
+        return p.is_dir() and ((p / "config.json").is_file() or (p / "adapter_config.json").is_file())
+    except (TypeError, OSError):
+        return False
+
+
+def _read_json(file: Path, where: str) -> dict:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{where}: {file.name} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{where}: {file.name} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _check_model_dir(path: Path) -> None:
+    """The files a full-model checkpoint needs, checked before transformers gives a vaguer error."""
+    where = f"checkpoint {str(path)!r}"
+    if not (path / "config.json").is_file():
+        stages = sorted(p.name for p in path.iterdir() if is_model_dir(p))
+        hint = f" (model directories inside it: {', '.join(stages[:8])})" if stages else ""
+        raise ModelLoadError(f"{where}: no config.json, so not a from_pretrained directory{hint}")
+    config = _read_json(path / "config.json", where)
+    if not isinstance(config.get("model_type"), str):
+        raise ModelLoadError(f"{where}: config.json has no 'model_type' (keys: {sorted(config)[:10]})")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise ModelLoadError(f"{where}: config.json but no weights (expected one of {', '.join(WEIGHT_FILES)})")
+
+
+def _check_tokenizer_dir(path: Path, where: str) -> None:
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelLoadError(f"{where}: no tokenizer (expected {' or '.join(TOKENIZER_FILES)} in {str(path)!r})")
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _load_weights(path: Path, where: str, device: str):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    except Exception as e:  # corrupt safetensors, unknown architecture, shape errors: all name the path
+        raise ModelLoadError(f"{where}: weights failed to load: {type(e).__name__}: {e}") from e
+    # transformers initialises missing weights at random and only logs it: an eval of that is garbage.
+    missing, mismatched = sorted(info.get("missing_keys", ())), list(info.get("mismatched_keys", ()))
+    if missing or mismatched:
+        raise ModelLoadError(f"{where}: incomplete weights: missing {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+                             f"{f', shape mismatches {mismatched[:3]}' if mismatched else ''}")
+    return model.to(device)
+
+
+def _adapter_base(path: Path, where: str) -> Path:
+    """The base model directory of a PEFT adapter directory, checked."""
+    config = _read_json(path / "adapter_config.json", where)
+    base = config.get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        raise ModelLoadError(f"{where}: adapter_config.json has no 'base_model_name_or_path'")
+    if not any((path / f).is_file() for f in ADAPTER_WEIGHT_FILES):
+        raise ModelLoadError(f"{where}: adapter_config.json but no adapter weights "
+                             f"(expected {' or '.join(ADAPTER_WEIGHT_FILES)})")
+    # Relative bases are tried against the adapter directory first, then the working directory.
+    base_path = path / base if not Path(base).is_absolute() and (path / base).exists() else Path(base)
+    if not is_model_dir(base_path):
+        raise ModelLoadError(f"{where}: its base model {base!r} is not a local checkpoint directory")
+    _check_model_dir(base_path)
+    return base_path
+
+
+def _load_adapter(path: Path, base_path: Path, where: str, device: str):
+    """Base model + PEFT adapter, merged: this is an inference copy (RL passes the live model instead).
+
+    Equivalent to peft's AutoPeftModelForCausalLM, but the base goes through `_load_weights`, so a
+    broken base is reported (and missing tensors caught) like any other checkpoint.
+    """
+    try:
+        from peft import PeftModel
+    except ImportError as e:
+        raise ModelLoadError(f"{where}: is a PEFT adapter but peft is not installed") from e
+    base_model = _load_weights(base_path, f"base model {str(base_path)!r} of adapter {str(path)!r}", device)
+    try:
+        model = PeftModel.from_pretrained(base_model, path)
+    except Exception as e:
+        raise ModelLoadError(f"{where}: adapter failed to load onto {str(base_path)!r}: {type(e).__name__}: {e}") from e
+    return model.merge_and_unload()
+
+
+def load_model_and_tokenizer(path, device: str | None = None):
+    """(model in eval mode on `device`, tokenizer) from a saved model directory or a PEFT adapter directory.
+
+    Raises `ModelLoadError` naming the path for: a missing path, a directory without config.json
+    (or adapter_config.json), config.json that is not JSON or has no model_type, no weight files,
+    weights that fail to load (truncated/corrupt safetensors) or leave parameters uninitialised, no
+    tokenizer, or a tokenizer without a chat template or EOS token. An adapter's tokenizer is taken
+    from the adapter directory when it has one, else from the base model's.
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    where = f"checkpoint {str(path)!r}"
+    if not path.exists():
+        raise ModelLoadError(f"{where}: no such file or directory")
+    if not path.is_dir():
+        raise ModelLoadError(f"{where}: not a directory (a from_pretrained checkpoint is a directory)")
+    device = device or _default_device()
+    is_adapter = (path / "adapter_config.json").is_file()
+    if is_adapter:
+        base_path = _adapter_base(path, where)
+        tokenizer_dir = path if any((path / f).is_file() for f in TOKENIZER_FILES) else base_path
+    else:
+        _check_model_dir(path)
+        tokenizer_dir = path
+    _check_tokenizer_dir(tokenizer_dir, where)  # before the (slower) weights
+    model = _load_adapter(path, base_path, where, device) if is_adapter else _load_weights(path, where, device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    except Exception as e:
+        raise ModelLoadError(f"{where}: tokenizer in {str(tokenizer_dir)!r} failed to load: {type(e).__name__}: {e}") from e
+    _check_tokenizer(tokenizer, where)
+    _keep_only_stop_ids(model)
+    return model.eval(), tokenizer
+
+
+def _keep_only_stop_ids(model) -> None:
+    """Drop every decoding knob a training stage may have saved; keep the token ids generation needs."""
+    from transformers import GenerationConfig
+
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(eos_token_id=saved.eos_token_id, pad_token_id=saved.pad_token_id,
+                                               bos_token_id=saved.bos_token_id)
+
+
+def _check_tokenizer(tokenizer, where: str) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(f"{where}: the tokenizer has no chat_template (needed to render tool-calling turns)")
+    if tokenizer.eos_token_id is None:
+        raise ModelLoadError(f"{where}: the tokenizer has no eos_token (generation would never stop)")
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def _stable_seed(*parts) -> int:
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class ModelPolicy:
+    """A causal LM writing the assistant turns of an episode (the harness's `Policy` protocol).
+
+    `path_or_model` is a checkpoint directory (full model or PEFT adapter, loaded here, in eval mode) or
+    an already-loaded model, in which case `tokenizer` is required and the model is used where it is
+    (not moved, not copied: RL generates with the weights it is training; its train/eval mode is
+    restored after each turn).
+    """
+
+    def __init__(self, path_or_model, tokenizer=None, sampling: SamplingConfig | None = None,
+                 device: str | None = None, *, backend: str = "transformers", name: str | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"ModelPolicy backend {backend!r} is not implemented (available: {', '.join(BACKENDS)}; "
+                             "vLLM generation is planned behind this argument)")
+        self.backend = backend
+        self.sampling = sampling or SamplingConfig()
+        if isinstance(path_or_model, (str, Path)):
+            self.model, loaded_tokenizer = load_model_and_tokenizer(path_or_model, device)
+            if tokenizer is not None:
+                _check_tokenizer(tokenizer, f"tokenizer given for {str(path_or_model)!r}")
+            self.tokenizer = tokenizer or loaded_tokenizer
+            self.owns_model = True
+            self.name = name or str(path_or_model)
+        else:
+            if tokenizer is None:
+                raise ValueError("ModelPolicy(model): pass the tokenizer too when giving an already-loaded model")
+            _check_tokenizer(tokenizer, f"tokenizer of {type(path_or_model).__name__}")
+            self.model, self.tokenizer = path_or_model, tokenizer
+            if device is not None:
+                self.model.to(device)
+            self.owns_model = False
+            self.name = name or f"model:{getattr(self.model.config, '_name_or_path', '') or type(self.model).__name__}"
+        self.device = next(self.model.parameters()).device
+        self.max_context = self.sampling.max_context or getattr(self.model.config, "max_position_embeddings", None)
+        if not self.max_context:
+            raise ValueError(f"ModelPolicy: {type(self.model.config).__name__} has no max_position_embeddings; "
+                             "set SamplingConfig.max_context")
+        if self.max_context <= self.sampling.max_new_tokens:
+            raise ValueError(f"ModelPolicy: max_context {self.max_context} leaves no room for a prompt with "
+                             f"max_new_tokens={self.sampling.max_new_tokens}")
+        self.stop_ids = self._stop_ids()
+        self.episode = -1
+        self.task_id = ""
+        self.turn = 0
+        self.stats = {"turns": 0, "prompt_tokens": 0, "completion_tokens": 0, "gen_s": 0.0}
+
+    def _stop_ids(self) -> list[int]:
+        """The tokenizer's EOS (`<|im_end|>`, ends a turn) plus whatever the checkpoint also stops on."""
+        configured = self.model.generation_config.eos_token_id
+        configured = [] if configured is None else [configured] if isinstance(configured, int) else list(configured)
+        return list(dict.fromkeys([self.tokenizer.eos_token_id, *configured]))
+
+    def reset(self, task) -> None:
+        self.episode += 1
+        self.task_id = getattr(task, "id", str(task))
+        self.turn = 0
+
+    def render(self, messages: list[dict], tools: list[dict]) -> list[int]:
+        """Prompt token ids: the conversation so far plus the assistant header."""
+        clean = [{k: m[k] for k in MESSAGE_KEYS if k in m} for m in messages]
+        ids = self.tokenizer.apply_chat_template(clean, tools=tools or None, add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+        return list(ids)
+
+    def act(self, messages: list[dict], tools: list[dict]) -> Generation:
+        prompt_ids = self.render(messages, tools)
+        if len(prompt_ids) + self.sampling.max_new_tokens > self.max_context:
+            raise ContextOverflow(len(prompt_ids), self.sampling.max_new_tokens, self.max_context)
+        seed = _stable_seed(self.sampling.seed, self.task_id, self.episode, self.turn)
+        self.turn += 1
+        t0 = time.perf_counter()
+        completion_ids, logprobs = self._generate(prompt_ids, seed)
+        self.stats["gen_s"] += time.perf_counter() - t0
+        self.stats["turns"] += 1
+        self.stats["prompt_tokens"] += len(prompt_ids)
+        self.stats["completion_tokens"] += len(completion_ids)
+        stopped = bool(completion_ids) and completion_ids[-1] in self.stop_ids
+        body = completion_ids[:-1] if stopped else completion_ids
+        text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return Generation(text=text, prompt_ids=prompt_ids, completion_ids=completion_ids, logprobs=logprobs,
+                          truncated=not stopped)
+
+    def _generate(self, prompt_ids: list[int], seed: int) -> tuple[list[int], list[float]]:
+        if self.backend == "transformers":
+            return self._generate_transformers(prompt_ids, seed)
+        raise AssertionError(f"unreachable backend {self.backend!r}")  # rejected in __init__
+
+    def _generation_config(self):
+        from transformers import GenerationConfig
+
+        s, base = self.sampling, self.model.generation_config
+        # Neutral values, explicitly: unset ones are filled from the model's config or global defaults.
+        # The sampling warpers only run when sampling (and transformers warns if they are set for greedy).
+        warpers = {"temperature": s.temperature, "top_p": s.top_p, "top_k": 0, "typical_p": 1.0,
+                   "epsilon_cutoff": 0.0, "eta_cutoff": 0.0} if s.temperature > 0 else {}
+        return GenerationConfig(
+            max_new_tokens=s.max_new_tokens, do_sample=s.temperature > 0, **warpers,
+            repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, num_beams=1,
+            eos_token_id=self.stop_ids,
+            pad_token_id=base.pad_token_id if base.pad_token_id is not None else self.tokenizer.pad_token_id,
+            bos_token_id=base.bos_token_id, use_cache=True,
+            return_dict_in_generate=True, output_scores=True,
+        )
+
+    def _generate_transformers(self, prompt_ids: list[int], seed: int) -> tuple[list[int], list[float]]:
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        was_training = self.model.training
+        self.model.eval()
+        # inference_mode is faster but its tensors may not enter autograd later; a borrowed (training)
+        # model could cache one (e.g. a dynamic RoPE buffer), so it gets plain no_grad.
+        grad_off = torch.inference_mode() if self.owns_model else torch.no_grad()
+        devices = [self.device] if self.device.type == "cuda" else []
+        try:
+            with grad_off, torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed)
+                out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                          generation_config=self._generation_config())
+        finally:
+            self.model.train(was_training)
+        completion = out.sequences[0, len(prompt_ids):]
+        scores = torch.stack(out.scores, dim=0)[:, 0, :].float()  # (new tokens, vocab), processed
+        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, completion[:, None]).squeeze(-1)
+        return completion.tolist(), logprobs.tolist()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a checkpoint on a task set and print exit statuses and generation speed."""
+    import argparse
+
+    from env.episode import EpisodeConfig, run_episode
+    from env.tasks import load_task_set
+
+    parser = argparse.ArgumentParser(prog="python -m nanocomposer.policy", description=main.__doc__)
+    parser.add_argument("checkpoint", help="a from_pretrained directory or a PEFT adapter directory")
+    parser.add_argument("--tasks", required=True, help="a task directory or a task set")
+    parser.add_argument("--max-new-tokens", type=int, default=SamplingConfig.max_new_tokens)
+    parser.add_argument("--temperature", type=float, default=SamplingConfig.temperature)
+    parser.add_argument("--max-context", type=int, default=None)
+    parser.add_argument("--max-turns", type=int, default=EpisodeConfig.max_turns)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy box)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    t0 = time.perf_counter()
+    policy = ModelPolicy(args.checkpoint, sampling=SamplingConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, max_context=args.max_context))
+    print(f"loaded {args.checkpoint} in {time.perf_counter() - t0:.2f} s on {policy.device}; "
+          f"torch threads {torch.get_num_threads()}")
+    for task in load_task_set(args.tasks):
+        traj = run_episode(task, policy, EpisodeConfig(max_turns=args.max_turns))
+        print(f"{task.id}: {traj.exit_status}, {len(traj.turns)} turns, {traj.completion_tokens} tokens, "
+              f"gen {traj.gen_s:.1f} s, wall {traj.wall_s:.1f} s {traj.error}")
+    s = policy.stats
+    if s["turns"]:
+        print(f"{s['turns']} turns in {s['gen_s']:.1f} s of generation: {s['turns'] / s['gen_s']:.2f} turns/s, "
+              f"{s['completion_tokens'] / s['gen_s']:.0f} completion tokens/s, "
+              f"mean prompt {s['prompt_tokens'] / s['turns']:.0f} tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
