@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ def timed(fn, reps: int) -> list[float]:
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def ms(xs: list[float]) -> dict:
@@ -69,7 +68,7 @@ def bench_spawn(reps: int) -> dict:
     bare = timed(lambda: subprocess.run(py, check=True), reps)
     boxed = timed(lambda: sandbox.run(py), reps)
     remove_workspace(ws)
-    return {"backend": sandbox.backend if hasattr(sandbox, "backend") else detect_backend(),
+    return {"backend": sandbox.backend,
             "bare": ms(bare), "sandboxed": ms(boxed), "ratio_p50": round(pct(boxed, .5) / pct(bare, .5), 2)}
 
 
@@ -77,7 +76,7 @@ def bench_tools(task_dir: Path, reps: int) -> dict:
     task = load_task(task_dir)
     ws = make_workspace(task.repo_dir)
     tools = CodeTools(ws, task)
-    first = sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*.py"))[0]
+    first = min(p.relative_to(ws).as_posix() for p in ws.rglob("*.py"))
     calls = {
         "read_file": {"path": first},
         "edit_file": {"path": "bench_new.py", "old_str": "", "new_str": "X = 1\n"},

@@ -227,9 +227,9 @@ class OraclePolicy:
         edit_calls = [(e["name"], e["arguments"]) for e in edits]
         if rng.random() < self.recovery_rate and edit_calls[0][0] == "edit_file" and edit_calls[0][1]["old_str"]:
             name, args = edit_calls[0]
-            wrong = {**args, "old_str": _mangle(args["old_str"])}
-            if wrong["old_str"] != args["old_str"]:
-                plan.append([(name, wrong)])  # fails: the text is not in the file
+            near_miss = _near_miss(args["old_str"], (task.repo_dir / args["path"]).read_text())
+            if near_miss is not None:
+                plan.append([(name, {**args, "old_str": near_miss})])  # fails: the text is not in the file
                 plan.append([(name, args)])
                 edit_calls = edit_calls[1:]
         if edit_calls:
@@ -255,9 +255,17 @@ def _query(task: Task, symbols: list[str]) -> str:
     return " ".join(dict.fromkeys(symbols[:1] + words[:6])) or task.instruction[:60]
 
 
-def _mangle(old_str: str) -> str:
-    """A near-miss copy of the text (what a hurried engineer types): indentation lost."""
-    return "\n".join(line.strip() for line in old_str.splitlines())
+def _near_miss(old_str: str, file_text: str) -> str | None:
+    """What a hurried engineer types instead of `old_str`: close, but not in the file (so the edit fails)."""
+    candidates = [
+        "\n".join(line.strip() for line in old_str.splitlines()),  # indentation lost
+        old_str.replace("    ", "  ", 1),  # two-space indent
+        old_str.rstrip("\n") + " \n",  # a trailing space
+    ]
+    for candidate in candidates:
+        if candidate and candidate != old_str and candidate not in file_text:
+            return candidate
+    return None
 
 
 def _summary(task: Task, paths: list[str], symbols: list[str]) -> str:

@@ -1,0 +1,240 @@
+"""Stage 2: tool-call SFT on harness trajectories, then a short check of the model in the harness.
+
+    python train_sft.py --config recipes/tiny/sft.yaml --run demo                 # starts from runs/demo/cpt
+    python train_sft.py --config recipes/gpu/sft.yaml --run r1                    # Qwen2.5-Coder-1.5B-Instruct + LoRA
+    python train_sft.py --config recipes/tiny/sft.yaml --run demo --check_tasks artifacts/data/tasks/val --check_limit 8
+
+Data: a DatasetDict (save_to_disk) of rows {"messages", "tools" (JSON string), "task_id", "family", "tier"}
+written by data/build_sft.py. TRL's SFTTrainer renders each row with the tokenizer's chat template
+(`tools` is passed to it; TRL parses the JSON string itself) and, with `assistant_only_loss=True`, trains
+only the tokens inside the template's `{% generation %}` markers: assistant bodies and their end-of-turn
+token. System, user and tool-result tokens never get a label.
+
+Sequences longer than `max_length` are truncated (keep_start); how many, and how many assistant tokens
+that costs, is measured and printed before training, logged to W&B and written to the model card.
+
+The check (`--check_tasks`): the saved model runs as a policy (`env.policies.get_policy(<model dir>)`)
+through eval.py's `evaluate` on the tasks; tool-call validity (share of assistant turns whose calls all
+parse and validate), solve rate and mean turns go to W&B, check.json and the model card. The stage exits
+non-zero if the model never emits a valid tool call.
+
+Output: runs/<run>/sft/ with the model and tokenizer (LoRA merged), config.yaml, README.md, check.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trl import ModelConfig, SFTConfig, SFTTrainer
+
+from nanocomposer.common import (
+    check_model_path,
+    configure_device,
+    copy_manifest,
+    fail,
+    finish_wandb,
+    git_commit,
+    init_wandb,
+    load_model,
+    load_splits,
+    load_tokenizer,
+    peft_config,
+    prepare_output_dir,
+    print0,
+    resolved_config,
+    save_config,
+    save_final_model,
+    write_model_card,
+)
+from nanocomposer.config import RecipeParser, SFTScriptArguments
+
+STAGE = "sft"
+
+
+def truncation_report(dataset, tokenizer, max_length: int | None, desc: str) -> dict:
+    """How many conversations exceed `max_length` tokens and how many assistant tokens truncation drops.
+
+    Renders each row exactly as SFTTrainer does (chat template, `tools`, assistant mask), including TRL's
+    swap to a training template with `{% generation %}` markers for Hub templates that lack them (Qwen2.5).
+    """
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template = None if has_generation_markers(tokenizer.chat_template) else get_training_chat_template(tokenizer)
+
+    def measure(row):
+        rendered = tokenizer.apply_chat_template(
+            row["messages"], tools=json.loads(row["tools"]) if row["tools"] else None, tokenize=True,
+            return_dict=True, return_assistant_tokens_mask=True, chat_template=template,
+        )
+        mask = rendered["assistant_masks"]
+        kept = mask if max_length is None else mask[:max_length]
+        return {"length": len(rendered["input_ids"]), "assistant": sum(mask), "assistant_kept": sum(kept)}
+
+    lengths = dataset.map(measure, remove_columns=dataset.column_names, desc=f"{desc}: measuring lengths")
+    rows = list(zip(lengths["length"], lengths["assistant"], lengths["assistant_kept"]))
+    truncated = [r for r in rows if max_length is not None and r[0] > max_length]
+    assistant = sum(r[1] for r in rows)
+    return {
+        "examples": len(rows),
+        "truncated": len(truncated),
+        "truncated_fraction": len(truncated) / len(rows) if rows else 0.0,
+        "no_assistant_tokens_left": sum(r[2] == 0 for r in rows),
+        "assistant_tokens": assistant,
+        "assistant_tokens_kept": sum(r[2] for r in rows),
+        "assistant_tokens_lost_fraction": 1 - sum(r[2] for r in rows) / assistant if assistant else 0.0,
+        "tokens": sum(r[0] for r in rows),
+        "max_tokens": max(r[0] for r in rows),
+        "max_length": max_length,
+    }
+
+
+def harness_check(model_dir: Path, tasks: list, script_args: SFTScriptArguments) -> tuple[dict, list]:
+    """Run the saved model as a policy on `tasks`; tool-call validity, solve rate, mean turns."""
+    from env.episode import EpisodeConfig
+    from env.metrics import summarize
+    from eval import evaluate
+
+    trajectories, wall_s = evaluate(tasks, str(model_dir), EpisodeConfig(max_turns=script_args.check_max_turns),
+                                    workers=script_args.check_workers)
+    summary = summarize(trajectories, wall_s)
+    turns = [turn for trajectory in trajectories for turn in trajectory.turns]
+    valid_turns = sum(bool(t["calls"]) and not any(c["malformed"] for c in t["calls"]) for t in turns)
+    metrics = {
+        "tasks": summary["n"],
+        "tool_call_validity": valid_turns / len(turns) if turns else 0.0,
+        "valid_calls": sum(not c["malformed"] for t in turns for c in t["calls"]),
+        "malformed_calls": summary["malformed_calls"],
+        "solve_rate": summary["solve_rate"],
+        "mean_turns": summary["mean_turns"],
+        "exit_statuses": summary["exit_statuses"],
+        "wall_s": summary["wall_s"],
+        "first_error": next((t.error for t in trajectories if t.error), ""),
+    }
+    return metrics, trajectories
+
+
+def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
+    ################
+    # Checks and output dir (everything that can be wrong fails here, before any model is loaded)
+    ################
+    output_dir, checkpoint = prepare_output_dir(script_args, training_args, STAGE)
+    configure_device(training_args)
+    check_model_path(model_args.model_name_or_path)
+    if not training_args.assistant_only_loss:
+        print0("[sft] warning: assistant_only_loss is off: system, user and tool tokens will be trained on")
+    splits = [script_args.dataset_train_split, script_args.dataset_test_split]
+    dataset = load_splits(script_args.dataset_path, splits, ["messages", "tools"])
+    dataset = dataset.select_columns(["messages", "tools"])  # metadata columns stay in the saved dataset
+    check_tasks = []
+    if script_args.check_tasks:
+        from env.tasks import TaskError, load_task_set
+
+        try:
+            check_tasks = load_task_set(script_args.check_tasks)[: script_args.check_limit]
+        except TaskError as e:
+            fail(f"check_tasks {script_args.check_tasks}: {e}")
+    tokenizer = load_tokenizer(model_args.model_name_or_path)
+
+    ################
+    # Truncation report (never silent)
+    ################
+    lengths = {split: truncation_report(dataset[split], tokenizer, training_args.max_length, split) for split in splits}
+    for split, report in lengths.items():
+        print0(f"[sft] {split}: {report['truncated']}/{report['examples']} conversations longer than max_length="
+               f"{report['max_length']} are truncated ({report['assistant_tokens_lost_fraction']:.1%} of assistant "
+               f"tokens lost, {report['no_assistant_tokens_left']} left with none); longest {report['max_tokens']}")
+    if lengths[script_args.dataset_train_split]["assistant_tokens_kept"] == 0:
+        fail(f"max_length={training_args.max_length} cuts every training conversation before its first assistant "
+             f"token: nothing would be trained (longest conversation: {lengths[splits[0]]['max_tokens']} tokens)")
+
+    ################
+    # Model, W&B, trainer
+    ################
+    model = load_model(model_args, training_args)
+    if training_args.max_length and training_args.max_length > model.config.max_position_embeddings:
+        print0(f"[sft] warning: max_length={training_args.max_length} exceeds the model's max_position_embeddings="
+               f"{model.config.max_position_embeddings}: later positions are extrapolated by RoPE")
+    config = resolved_config(script_args, training_args, model_args)
+    facts = {"stage": STAGE, "git_commit": git_commit(), "data": lengths}
+    save_config(output_dir, config, facts)
+    manifest = copy_manifest(script_args.dataset_path, output_dir)
+    wandb_run = init_wandb(training_args, run=script_args.run, stage=STAGE, output_dir=output_dir,
+                           config={**config, **facts}, manifest_path=manifest)
+    trainer = SFTTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=dataset[script_args.dataset_train_split],
+        eval_dataset=dataset[script_args.dataset_test_split] if training_args.eval_strategy != "no" else None,
+        processing_class=tokenizer,  # explicit: AutoTokenizer may re-type a custom tokenizer (pitfall 3)
+        peft_config=peft_config(model_args),
+    )
+
+    ################
+    # Train, evaluate, save
+    ################
+    started = time.perf_counter()
+    train_result = trainer.train(resume_from_checkpoint=checkpoint)
+    train_seconds = time.perf_counter() - started
+    # Reuse the scheduled evaluation of the last step when there is one, else evaluate now.
+    final_eval = next((log for log in trainer.state.log_history
+                       if "eval_loss" in log and log["step"] == trainer.state.global_step), None)
+    final_eval = final_eval or (trainer.evaluate() if trainer.eval_dataset is not None else {})
+    # The step-0 evaluation (`eval_on_start`); kept in log_history across a resume.
+    initial_eval = next((log for log in trainer.state.log_history if "eval_loss" in log and log["step"] == 0), {})
+    save_final_model(trainer.model, tokenizer, output_dir)
+    steps_run = trainer.state.global_step - (int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0)
+    metrics = {
+        "global_step": trainer.state.global_step,
+        "train_loss": train_result.training_loss,
+        "initial_eval_loss": initial_eval.get("eval_loss"),
+        "final_eval_loss": final_eval.get("eval_loss"),
+        "final_eval_token_accuracy": final_eval.get("eval_mean_token_accuracy"),
+        "train_steps_per_second": steps_run / train_seconds if train_seconds else 0.0,
+        "train_seconds": train_seconds,
+    }
+    trainer.end()
+
+    ################
+    # Harness check
+    ################
+    check = {}
+    if check_tasks:
+        check, trajectories = harness_check(output_dir, check_tasks, script_args)
+        from eval import task_record
+
+        (output_dir / "check.json").write_text(json.dumps(
+            {"summary": check, "tasks": [task_record(t) for t in trajectories]}, indent=1, ensure_ascii=False))
+        print0(f"[sft] check on {check['tasks']} tasks: tool-call validity {check['tool_call_validity']:.1%}, "
+               f"solve rate {check['solve_rate']:.1%}, mean turns {check['mean_turns']:.2f}, "
+               f"exits {check['exit_statuses']}")
+
+    write_model_card(
+        output_dir,
+        f"nanocomposer SFT: {script_args.run}",
+        f"Tool-call SFT of `{model_args.model_name_or_path}` on `{script_args.dataset_path}` "
+        f"(assistant-only loss: {training_args.assistant_only_loss}, max_length {training_args.max_length}"
+        f"{', LoRA merged' if model_args.use_peft else ''}). Git commit `{facts['git_commit']}`.",
+        {"Result": metrics, **({"Harness check": check} if check else {}),
+         **{f"Data: {split}": report for split, report in lengths.items()}},
+    )
+    summary = {**{f"final/{k}": v for k, v in metrics.items() if v is not None},
+               **{f"check/{k}": v for k, v in check.items() if isinstance(v, int | float)},
+               **{f"data/{split}_truncated": r["truncated"] for split, r in lengths.items()}}
+    finish_wandb(wandb_run, summary)
+    if check and check["valid_calls"] == 0:
+        fail(f"harness check: the trained model emitted no valid tool call in {check['tasks']} tasks "
+             f"(exits {check['exit_statuses']}{'; first policy error: ' + check['first_error'] if check['first_error'] else ''}"
+             f"); see {output_dir / 'check.json'}")
+    print0(f"[sft] loss {metrics['train_loss']:.4f}, eval loss {metrics['final_eval_loss']}; "
+           f"{metrics['train_steps_per_second']:.2f} steps/s; saved to {output_dir}")
+    return {**metrics, **{f"check_{k}": v for k, v in check.items()}}
+
+
+def make_parser() -> RecipeParser:
+    return RecipeParser((SFTScriptArguments, SFTConfig, ModelConfig))
+
+
+if __name__ == "__main__":
+    main(*make_parser().parse_args_and_config())
