@@ -67,6 +67,7 @@ def bench_spawn(reps: int) -> dict:
     py = [sys.executable, "-c", "pass"]
     bare = timed(lambda: subprocess.run(py, check=True), reps)
     boxed = timed(lambda: sandbox.run(py), reps)
+    sandbox.close()
     remove_workspace(ws)
     return {"backend": sandbox.backend,
             "bare": ms(bare), "sandboxed": ms(boxed), "ratio_p50": round(pct(boxed, .5) / pct(bare, .5), 2)}

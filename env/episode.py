@@ -247,6 +247,7 @@ def run_episode(task: Task, policy: Policy, config: EpisodeConfig | None = None)
                       "passed": result.passed, "failed": result.failed, "pass_fraction": result.pass_fraction,
                       "output": result.output[-2000:]}
     finally:
+        sandbox.close()
         if not config.keep_workspace:
             remove_workspace(workspace)
         traj.wall_s = time.perf_counter() - t_start

@@ -1,29 +1,232 @@
-"""Aggregate episode metrics: one definition shared by eval.py, the SFT report and RL monitors."""
+"""Episode metrics: the one definition shared by eval.py, the SFT harness check, the SFT builder and RL monitors.
+
+Everything takes *episodes*: `env.episode.Trajectory` objects or eval.py's per-task records (dicts with
+`id`, `solved`, `exit_status`, `turns`, `turn_calls`, `completion_tokens`, `wall_s`), so a results.json
+read back from disk is summarised exactly like live trajectories.
+
+Definitions (documented once, here):
+- solve rate: solved episodes / episodes. With k samples per task it equals the unbiased pass@1.
+  95% interval: Wilson score. With k > 1 samples the episodes of one task are not independent, so the
+  interval is computed on the tasks (n = tasks, successes = pass@1 x tasks), not on the k x tasks episodes.
+- pass@k: the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k) per task with n samples
+  of which c solved, averaged over tasks (reported for k = 1..n).
+- tool-call validity: share of assistant turns whose calls all parse and validate. A turn with no call
+  counts as invalid: in this harness every turn must call a tool (a turn without one ends the episode
+  as `no_tool_call`), so "valid" means the turn did what the protocol asks of it.
+- parallel-call rate: share of turns with at least one call that made more than one valid call.
+- ask_user rate: share of episodes that called `ask_user` at least once.
+- tool budget: `calls_per_tool` counts valid calls by tool; `turn_share` splits each turn *fractionally*
+  across the categories of its valid calls (search+grep+read in one turn: 2/3 search, 1/3 read), so shares
+  add up to 1 over turns; a turn with no valid call is `invalid`.
+- difference of two policies on the same tasks: a paired bootstrap over tasks (2,000 resamples, seeded)
+  of the mean per-task difference in solve rate, percentile 95% interval. `paired_normal_interval` (mean
+  +- 1.96 standard errors of the per-task differences) is kept as a closed-form cross-check.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
+import math
+import random
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 
-from env.episode import Trajectory
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+BOOTSTRAP_RESAMPLES = 2000
+TOOL_CATEGORIES = {
+    "search": "search", "grep": "search",
+    "read_file": "read",
+    "edit_file": "edit",
+    "run_tests": "test", "run": "test", "lint": "test",
+    "ask_user": "ask",
+    "submit": "submit",
+}
+CATEGORIES = ("search", "read", "edit", "test", "ask", "submit", "other", "invalid")
 
 
-def summarize(trajectories: list[Trajectory], wall_s: float | None = None) -> dict:
-    n = len(trajectories)
-    calling_turns = [t for tr in trajectories for t in tr.turns if t["calls"]]
-    parallel = sum(sum(not c["malformed"] for c in t["calls"]) > 1 for t in calling_turns)
-    calls = sum(tr.tool_calls for tr in trajectories)
-    tool_mix = Counter(c["name"] for tr in trajectories for t in tr.turns for c in t["calls"] if not c["malformed"])
-    solved = sum(tr.solved for tr in trajectories)
+# --------------------------------------------------------------------------- statistics
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, fig. 3)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    # The product form avoids huge binomials: C(n-c, k)/C(n, k) = prod_{i=n-c+1}^{n} (1 - k/i).
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def wilson_interval(successes: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (successes may be fractional, e.g. pass@1 x tasks)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    if not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval: successes={successes} is not in [0, n={n}]")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _differences(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    if len(a) != len(b):
+        raise ValueError(f"paired interval: {len(a)} scores for one policy and {len(b)} for the other")
+    return [y - x for x, y in zip(a, b)]
+
+
+def paired_bootstrap_interval(a: Sequence[float], b: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES,
+                              seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean of b - a, low, high): percentile bootstrap over paired per-task scores (tasks resampled)."""
+    d = _differences(a, b)
+    if not d:
+        return (0.0, 0.0, 0.0)
+    rng = random.Random(seed)
+    n = len(d)
+    means = sorted(sum(d[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    tail = (1 - level) / 2
+    lo = means[math.floor(tail * (resamples - 1))]
+    hi = means[math.ceil((1 - tail) * (resamples - 1))]
+    return (sum(d) / n, lo, hi)
+
+
+def paired_normal_interval(a: Sequence[float], b: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
+    """(mean of b - a, low, high): mean +- z standard errors of the per-task differences."""
+    d = _differences(a, b)
+    if not d:
+        return (0.0, 0.0, 0.0)
+    mean = sum(d) / len(d)
+    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else 0.0
+    return (mean, mean - z * se, mean + z * se)
+
+
+# --------------------------------------------------------------------------- turns and calls
+
+
+def _episode_fields(episode) -> dict:
+    """The fields the metrics read, from a Trajectory or an eval.py record."""
+    if isinstance(episode, dict):
+        return {"id": episode["id"], "solved": bool(episode["solved"]), "exit_status": episode["exit_status"],
+                "turn_calls": episode.get("turn_calls") or [], "completion_tokens": episode.get("completion_tokens"),
+                "wall_s": float(episode.get("wall_s") or 0.0)}
+    return {"id": episode.task_id, "solved": bool(episode.solved), "exit_status": episode.exit_status,
+            "turn_calls": [t["calls"] for t in episode.turns], "completion_tokens": episode.completion_tokens,
+            "wall_s": float(episode.wall_s)}
+
+
+def turn_is_valid(calls: list[dict]) -> bool:
+    """A turn is valid when it makes at least one call and none is malformed (see module docstring)."""
+    return bool(calls) and not any(c["malformed"] for c in calls)
+
+
+def tool_call_validity(turn_calls: Iterable[list[dict]]) -> float:
+    """Share of turns (each a list of call records with a `malformed` flag) that are valid; 0.0 for none."""
+    turns = list(turn_calls)
+    return sum(turn_is_valid(calls) for calls in turns) / len(turns) if turns else 0.0
+
+
+def turn_categories(calls: list[dict]) -> dict[str, float]:
+    """How one turn splits over the tool-budget categories (fractions summing to 1)."""
+    valid = [c["name"] for c in calls if not c["malformed"]]
+    if not valid:
+        return {"invalid": 1.0}
+    shares: dict[str, float] = defaultdict(float)
+    for name in valid:
+        shares[TOOL_CATEGORIES.get(name, "other")] += 1 / len(valid)
+    return dict(shares)
+
+
+# --------------------------------------------------------------------------- summaries
+
+
+def pass_at_k_by_task(episodes: Iterable) -> dict[str, float]:
+    """pass@k for k = 1..n (n = the fewest samples any task has), averaged over tasks."""
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for e in episodes:
+        f = _episode_fields(e)
+        by_task[f["id"]].append(f["solved"])
+    if not by_task:
+        return {}
+    n = min(len(v) for v in by_task.values())
+    return {f"pass@{k}": sum(pass_at_k(len(v), sum(v), k) for v in by_task.values()) / len(by_task)
+            for k in range(1, n + 1)}
+
+
+def per_task_scores(episodes: Iterable) -> dict[str, float]:
+    """Mean solved over each task's samples (the unit the paired comparisons resample)."""
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for e in episodes:
+        f = _episode_fields(e)
+        by_task[f["id"]].append(f["solved"])
+    return {task: sum(v) / len(v) for task, v in by_task.items()}
+
+
+def summarize(episodes: Iterable, wall_s: float | None = None) -> dict:
+    """Aggregate metrics of a list of episodes (Trajectories or eval records); see the module docstring.
+
+    `wall_s` is the run's wall-clock time (episodes overlap with several workers); by default the sum of
+    the episodes' times.
+    """
+    eps = [_episode_fields(e) for e in episodes]
+    n = len(eps)
+    turns = [calls for e in eps for calls in e["turn_calls"]]
+    calling_turns = [calls for calls in turns if calls]
+    valid_calls = [c for calls in turns for c in calls if not c["malformed"]]
+    calls = sum(len(calls) for calls in turns)
+    malformed = calls - len(valid_calls)
+    solved = sum(e["solved"] for e in eps)
+    tasks = len({e["id"] for e in eps})
+    pass_k = pass_at_k_by_task(eps)
+    pass1 = pass_k.get("pass@1", 0.0)
+    lo, hi = wilson_interval(pass1 * tasks, tasks) if tasks else (0.0, 1.0)
+    shares: Counter[str] = Counter()
+    for calls_of_turn in turns:
+        shares.update(turn_categories(calls_of_turn))
+    tokens = [e["completion_tokens"] for e in eps]
+    episode_walls = sorted(e["wall_s"] for e in eps)
     return {
         "n": n,
+        "n_tasks": tasks,
         "solved": solved,
         "solve_rate": solved / n if n else 0.0,
-        "mean_turns": sum(len(tr.turns) for tr in trajectories) / n if n else 0.0,
+        "solve_rate_ci95": [round(lo, 4), round(hi, 4)],
+        **pass_k,
+        "mean_turns": len(turns) / n if n else 0.0,
         "tool_calls": calls,
-        "parallel_call_rate": parallel / len(calling_turns) if calling_turns else 0.0,
-        "malformed_calls": sum(tr.malformed_calls for tr in trajectories),
-        "malformed_rate": sum(tr.malformed_calls for tr in trajectories) / calls if calls else 0.0,
-        "exit_statuses": dict(sorted(Counter(tr.exit_status for tr in trajectories).items())),
-        "tool_mix": dict(sorted(tool_mix.items())),
-        "wall_s": round(wall_s if wall_s is not None else sum(tr.wall_s for tr in trajectories), 3),
+        "tool_call_validity": tool_call_validity(turns),
+        "parallel_call_rate": sum(sum(not c["malformed"] for c in t) > 1 for t in calling_turns) / len(calling_turns)
+        if calling_turns else 0.0,
+        "malformed_calls": malformed,
+        "malformed_rate": malformed / calls if calls else 0.0,
+        "ask_user_rate": sum(any(c["name"] == "ask_user" and not c["malformed"] for t in e["turn_calls"] for c in t)
+                             for e in eps) / n if n else 0.0,
+        # Scripted policies have no token counts: the mean is None rather than a made-up 0.
+        "mean_completion_tokens": sum(tokens) / n if n and None not in tokens else None,
+        "exit_statuses": dict(sorted(Counter(e["exit_status"] for e in eps).items())),
+        "tool_mix": dict(sorted(Counter(c["name"] for c in valid_calls).items())),  # calls per tool
+        "turn_share": {k: round(shares[k] / len(turns), 4) for k in CATEGORIES if shares[k]} if turns else {},
+        "episode_wall_s": {"mean": round(sum(episode_walls) / n, 3), "p50": round(episode_walls[n // 2], 3),
+                           "max": round(episode_walls[-1], 3)} if n else {},
+        "wall_s": round(wall_s if wall_s is not None else sum(episode_walls), 3),
     }
+
+
+def summarize_by(episodes: Sequence, key: str) -> dict[str, dict]:
+    """`summarize` per value of a record key (e.g. `task_set`, `family`); records only."""
+    groups: dict[str, list] = defaultdict(list)
+    for e in episodes:
+        groups[str(e.get(key))].append(e)
+    return {name: summarize(group) for name, group in sorted(groups.items())}
+
+
+def compare_paired(baseline: Sequence, other: Sequence, resamples: int = BOOTSTRAP_RESAMPLES,
+                   seed: int = 0) -> dict:
+    """Solve-rate difference (other - baseline) on the tasks both ran, with the paired bootstrap interval."""
+    a, b = per_task_scores(baseline), per_task_scores(other)
+    common = sorted(a.keys() & b.keys())
+    mean, lo, hi = paired_bootstrap_interval([a[t] for t in common], [b[t] for t in common], resamples, seed)
+    _, nlo, nhi = paired_normal_interval([a[t] for t in common], [b[t] for t in common])
+    return {"diff": round(mean, 4), "ci95": [round(lo, 4), round(hi, 4)], "method": "paired bootstrap over tasks",
+            "resamples": resamples, "seed": seed, "normal_ci95": [round(nlo, 4), round(nhi, 4)],
+            "n_tasks": len(common), "only_in_one": len(a.keys() ^ b.keys())}

@@ -21,11 +21,15 @@ What is covered (bwrap backend, measured on the project machine: root, bubblewra
   nested user namespaces are disabled (`--disable-userns`).
 - Processes: `--die-with-parent --new-session`; when the command exits or is killed, the pid
   namespace is torn down, so nothing it started survives (background jobs, setsid, double fork).
-- Fork bombs: a per-run pids cgroup with `pids.max = Limits.nproc` when a writable pids controller
-  exists (v1 here). RLIMIT_NPROC is *not* used as root: the kernel never enforces it for host uid 0,
-  and under bwrap the sandbox is host uid 0. The cgroup also lets every backend kill all survivors.
-- Resource limits on every backend, via `prlimit` (thread-safe, unlike `preexec_fn`): CPU seconds,
-  address space, file size, open files, core dumps off.
+- Fork bombs: each run gets a pids cgroup of its own for its duration, with
+  `pids.max = Limits.nproc`, when a writable pids controller exists (v1 here). A Sandbox keeps the
+  cgroups it made and reuses an idle one (emptied: every process in it killed and gone) for its next
+  run; concurrent runs take different ones; `close()` removes them. RLIMIT_NPROC is *not* used as
+  root: the kernel never enforces it for host uid 0, and under bwrap the sandbox is host uid 0. The
+  cgroup also lets every backend kill all survivors.
+- Resource limits on every backend, set by the `/bin/sh` that starts the run (`ulimit`, so no extra
+  exec; thread-safe, unlike `preexec_fn`): CPU seconds, address space, file size, open files, core
+  dumps off. The same sh first moves itself into the run's cgroup, so every descendant is born there.
 - Wall-clock timeout: the whole process group (and the cgroup) is SIGKILLed; reading output never
   waits on a pipe a straggler keeps open. Output is read with a cap (head + tail kept), so a flood
   costs bounded memory.
@@ -60,11 +64,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 BACKENDS = ("bwrap", "unshare", "rlimits")
 SANDBOX_UID = 65534  # "nobody": the uid commands see inside the bwrap user namespace
@@ -199,63 +206,115 @@ def _try_child_cgroup(parent: Path) -> bool:
 
 
 class _PidsCgroup:
-    """One run's cgroup: caps its process count and lets us kill everything in it afterwards."""
+    """A pids cgroup that holds one run at a time: caps its process count, and lets us kill everything
+    in it afterwards. Pooled by a Sandbox and reused, because a fresh one per run (mkdir, then rmdir
+    only after the last zombie is reaped) sat on every command's critical path."""
 
     def __init__(self, parent: Path, max_pids: int):
-        self.path = parent / f"run-{uuid.uuid4().hex}"
+        self.path = parent / f"sandbox-{uuid.uuid4().hex}"
         self.path.mkdir()
-        (self.path / "pids.max").write_text(str(max_pids))
+        try:
+            (self.path / "pids.max").write_text(str(max_pids))
+        except OSError:
+            self.path.rmdir()
+            raise
+        # How the launching sh joins: by writing 0 ("myself"). On v1, `tasks` moves only the writing
+        # thread, which skips the global threadgroup lock that a `cgroup.procs` write takes (an RCU
+        # grace period: measured 1-25 ms, worst under load); sh has one thread, so all of it moves.
+        # v2 has only cgroup.procs.
+        tasks = self.path / "tasks"
+        self.join_file = tasks if tasks.exists() else self.path / "cgroup.procs"
 
-    def wrap(self, argv: list[str]) -> list[str]:
-        # Join the cgroup before exec, so every descendant is born inside it.
-        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs"), *argv]
+    def charged(self) -> int:
+        """Processes counted against pids.max: the live ones plus zombies not yet reaped. The init
+        bwrap leaves in its pid namespace is orphaned at exit, and the orphan reaper (pid 1) may take
+        seconds (~2 s here), so a cgroup is only reused once this is 0 and a run gets all of nproc."""
+        try:
+            return int((self.path / "pids.current").read_text())
+        except FileNotFoundError:
+            return 0
 
-    def kill_all_and_remove(self, grace_s: float = 2.0) -> None:
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+        except FileNotFoundError:  # removed (Sandbox.close from another thread): nothing is in it
+            return []
+
+    def kill_all(self, grace_s: float = 2.0) -> bool:
+        """SIGKILL everything in the cgroup until it is empty; False if something is left after `grace_s`."""
         deadline = time.monotonic() + grace_s
         kill_file = self.path / "cgroup.kill"  # v2, kernel >= 5.14: atomic
-        while time.monotonic() < deadline:
-            try:
-                if kill_file.exists():
-                    kill_file.write_text("1")
-                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-            except OSError:
-                return
+        has_kill_file = kill_file.exists()
+        while pids := self.pids():
+            if time.monotonic() > deadline:
+                return False
+            if has_kill_file:
+                kill_file.write_text("1")
             for pid in pids:  # v1: kill repeatedly until empty; pids.max bounds what can respawn
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            try:
-                self.path.rmdir()  # fails (EBUSY) while any task, zombies included, remains
-                return
-            except OSError:
-                time.sleep(0.001)
+            time.sleep(0.001)
+        return True
+
+    def remove(self, grace_s: float = 2.0) -> bool:
+        """Kill what is left and delete the cgroup; False (after a warning) if it cannot be deleted."""
+        deadline = time.monotonic() + grace_s
+        if self.kill_all(grace_s):
+            while True:
+                try:
+                    self.path.rmdir()  # EBUSY until the killed processes' zombies are reaped
+                    return True
+                except FileNotFoundError:
+                    return True
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.001)
         _warn_loudly(f"sandbox cgroup {self.path} still has processes after {grace_s}s; leaving it")
+        return False
+
+
+# A Sandbox's idle cgroups beyond this are removed: sequential runs cycle through about
+# (runs per second) x (orphan-reaping delay) of them, parallel tool calls a few more.
+_MAX_IDLE_CGROUPS = 8
+
+
+def _remove_cgroups(cgroups: list[_PidsCgroup], lock: threading.Lock) -> None:
+    """Sandbox.close and its garbage-collection / interpreter-exit fallback (holds no Sandbox ref)."""
+    with lock:
+        doomed = cgroups[:]
+        cgroups.clear()
+    for cgroup in doomed:  # outside the lock: a run in flight may be killed here, and checks in after
+        cgroup.remove()
 
 
 # --------------------------------------------------------------------------------------------------
 # backends
 
 
-def _rlimit_argv(limits: Limits, use_nproc_rlimit: bool) -> list[str]:
-    """`prlimit ... --` setting soft = hard = min(requested, our hard limit); unprivileged-safe."""
-    mb = 1024 * 1024
-    wanted = [
-        ("cpu", resource.RLIMIT_CPU, limits.cpu_s),
-        ("as", resource.RLIMIT_AS, limits.memory_mb * mb),
-        ("fsize", resource.RLIMIT_FSIZE, limits.file_size_mb * mb),
-        ("nofile", resource.RLIMIT_NOFILE, limits.open_files),
-        ("core", resource.RLIMIT_CORE, 0),
+def _launcher_script(limits: Limits, join_cgroup: bool, use_nproc_rlimit: bool) -> str:
+    """Script for `/bin/sh -c SCRIPT JOIN_FILE BACKEND... COMMAND...`: [join the cgroup named by $0,]
+    set soft = hard = min(requested, our hard limit) (unprivileged-safe) with `ulimit`, exec the rest.
+    One small exec instead of sh + prlimit; any failed step exits sh with the error in the output, so
+    the command never runs unconfined."""
+    wanted = [  # (dash ulimit flag, resource, value, dash's unit for that flag)
+        ("t", resource.RLIMIT_CPU, limits.cpu_s, 1),
+        ("v", resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024, 1024),
+        ("f", resource.RLIMIT_FSIZE, limits.file_size_mb * 1024 * 1024, 512),
+        ("n", resource.RLIMIT_NOFILE, limits.open_files, 1),
+        ("c", resource.RLIMIT_CORE, 0, 512),
     ]
     if use_nproc_rlimit:
-        wanted.append(("nproc", resource.RLIMIT_NPROC, limits.nproc))
-    args = ["prlimit"]
-    for name, res, value in wanted:
+        wanted.append(("p", resource.RLIMIT_NPROC, limits.nproc, 1))
+    steps = ['echo 0 > "$0"'] if join_cgroup else []  # 0 = the writer itself
+    for flag, res, value, unit in wanted:
         hard = resource.getrlimit(res)[1]
         if hard != resource.RLIM_INFINITY:
             value = min(value, hard)
-        args.append(f"--{name}={value}:{value}")
-    return args + ["--"]
+        steps.append(f"ulimit -{flag} {value // unit}")
+    return " && ".join([*steps, 'exec "$@"'])
 
 
 def _root_dir_args() -> list[str]:
@@ -363,7 +422,10 @@ class _CappedOutput:
 
 
 class Sandbox:
-    """Runs commands with `workspace` as the only writable host directory (see module docstring)."""
+    """Runs commands with `workspace` as the only writable host directory (see module docstring).
+
+    Holds pids cgroups between runs: call `close()` (or use `with Sandbox(...) as sb:`) when done;
+    garbage collection and interpreter exit close it too, as a fallback."""
 
     def __init__(self, workspace: Path, *, backend: str = "auto", limits: Limits = Limits(),
                  env: dict[str, str] | None = None, max_output_chars: int = 16000):
@@ -382,11 +444,32 @@ class Sandbox:
         self._env = _child_env(env)
         self._cgroup_parent = _pids_cgroup_parent()
         use_nproc_rlimit = self._cgroup_parent is None and os.geteuid() != 0
-        self._prefix = _rlimit_argv(limits, use_nproc_rlimit) + _backend_argv(backend, self.workspace, limits)
+        self._launcher = ["/bin/sh", "-c", _launcher_script(limits, self._cgroup_parent is not None, use_nproc_rlimit)]
+        self._backend_argv = _backend_argv(backend, self.workspace, limits)
+        # Every cgroup made and not yet removed; the idle ones are empty and free for the next run.
+        self._cgroups: list[_PidsCgroup] = []
+        self._idle_cgroups: list[_PidsCgroup] = []
+        self._cgroups_lock = threading.Lock()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _remove_cgroups, self._cgroups, self._cgroups_lock)
+
+    def close(self) -> None:
+        """Kill whatever still runs and remove this sandbox's cgroups. Idempotent; `run` then raises."""
+        with self._cgroups_lock:
+            self._closed = True
+            self._idle_cgroups.clear()
+        self._finalizer()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def run(self, command: str | list[str], timeout_s: float = 30.0) -> ExecResult:
         """Run `command` (str: via /bin/bash -c; list: argv) in the workspace; never raises on failure
-        of the command itself, only on harness errors (bad arguments, missing binaries)."""
+        of the command itself, only on harness errors (bad arguments, missing binaries, closed sandbox).
+        Safe to call from several threads at once."""
         if isinstance(command, str):
             argv = ["/bin/bash", "-c", command]
         elif isinstance(command, list) and command and all(isinstance(a, str) for a in command):
@@ -396,20 +479,51 @@ class Sandbox:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
 
-        cgroup = _PidsCgroup(self._cgroup_parent, self.limits.nproc) if self._cgroup_parent else None
-        full_argv = self._prefix + argv
-        if cgroup is not None:
-            full_argv = cgroup.wrap(full_argv)
+        cgroup = self._check_out_cgroup()
+        try:
+            return self._run_in(cgroup, argv, timeout_s)
+        finally:
+            if cgroup is not None:
+                self._check_in_cgroup(cgroup)
+
+    def _check_out_cgroup(self) -> _PidsCgroup | None:
+        """An empty cgroup for one run (reused, or made now); None when no pids controller is usable."""
+        with self._cgroups_lock:
+            if self._closed:
+                raise RuntimeError(f"sandbox for {self.workspace} is closed")
+            if self._cgroup_parent is None:
+                return None
+            for i, idle in enumerate(self._idle_cgroups):
+                if idle.charged() == 0:
+                    return self._idle_cgroups.pop(i)
+            cgroup = _PidsCgroup(self._cgroup_parent, self.limits.nproc)
+            self._cgroups.append(cgroup)
+            return cgroup
+
+    def _check_in_cgroup(self, cgroup: _PidsCgroup) -> None:
+        """Pool the cgroup again once nothing of the run is left in it (or remove it: pool full, closed)."""
+        emptied = cgroup.kill_all()  # usually already empty: one read of cgroup.procs
+        if not emptied:  # stays in self._cgroups, so close() tries again; never reused
+            _warn_loudly(f"sandbox cgroup {cgroup.path} still has processes after a run; not reusing it")
+            return
+        with self._cgroups_lock:
+            if not self._closed and len(self._idle_cgroups) < _MAX_IDLE_CGROUPS:
+                self._idle_cgroups.append(cgroup)
+                return
+            owned = cgroup in self._cgroups  # False if a concurrent close() took it already
+            if owned:
+                self._cgroups.remove(cgroup)
+        if owned:
+            cgroup.remove()
+
+    def _run_in(self, cgroup: _PidsCgroup | None, argv: list[str], timeout_s: float) -> ExecResult:
+        join_file = str(cgroup.join_file) if cgroup is not None else "sh"  # $0 of the launcher script
+        full_argv = [*self._launcher, join_file, *self._backend_argv, *argv]
         output = _CappedOutput(self.max_output_chars)
         start = time.monotonic()
-        try:
-            proc = subprocess.Popen(full_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, cwd=self.workspace, env=self._env,
-                                    start_new_session=True, close_fds=True)
-        except BaseException:
-            if cgroup is not None:
-                cgroup.kill_all_and_remove()
-            raise
+        proc = subprocess.Popen(full_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, cwd=self.workspace, env=self._env,
+                                start_new_session=True, close_fds=True)
         try:
             timed_out = self._pump(proc, output, deadline=start + timeout_s)
         finally:
@@ -448,8 +562,8 @@ class Sandbox:
         except (ProcessLookupError, PermissionError):
             pass
         proc.wait()
-        if cgroup is not None:
-            cgroup.kill_all_and_remove()
+        if cgroup is not None:  # before draining: a straggler could hold the pipe open
+            cgroup.kill_all()
 
     @staticmethod
     def _drain(proc: subprocess.Popen, output: _CappedOutput, grace_s: float = 1.0) -> None:

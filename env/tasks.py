@@ -228,7 +228,8 @@ def grade(task: Task, workspace: Path, submission: str = "") -> Grade:
         if task.hidden_dir is not None:
             overlay(task.hidden_dir, graded)
         (graded / SUBMISSION_FILE).write_text(submission or "")
-        result = Sandbox(graded).run(task.test_command, timeout_s=task.timeout_s)
+        with Sandbox(graded) as sandbox:
+            result = sandbox.run(task.test_command, timeout_s=task.timeout_s)
     finally:
         remove_workspace(graded)
     passed, failed = parse_test_counts(result.output)

@@ -2,9 +2,11 @@
 nothing leaked. Cases run on every backend that works here (others are skipped with the probe's
 reason); cases that test a protection a fallback documents as lost run on bwrap only."""
 
+import gc
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -210,6 +212,73 @@ def test_host_secrets_are_invisible_under_bwrap(ws: Path, tmp_path: Path):
     base = Path(sys.base_prefix).resolve()
     expected = {base.relative_to("/root").parts[0]} if base.is_relative_to("/root") else set()
     assert set(sb.run("ls -A /root 2>/dev/null").output.split()) == expected
+
+
+def _needs_pids_cgroup() -> None:
+    if _pids_cgroup_parent() is None:
+        pytest.skip("no writable pids cgroup here: sandboxes hold no cgroups")
+
+
+def _cgroups_of(sb: Sandbox) -> list[Path]:
+    return [cg.path for cg in sb._cgroups]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reused_sandbox_leaves_nothing_between_runs_and_close_removes_cgroups(backend: str, ws: Path):
+    _needs_pids_cgroup()
+    sb = Sandbox(ws, backend=_backend(backend))
+    for i in range(12):
+        marker = str(800000 + uuid.uuid4().int % 99999)
+        r = sb.run(f"sleep {marker} & setsid sleep {marker}1 & echo run{i}", timeout_s=10)
+        assert r.ok and r.output.strip() == f"run{i}", r
+        assert _procs_with(f"sleep {marker}") == []  # gone before run() returned, not at close()
+    ours = _cgroups_of(sb)
+    assert 1 <= len(ours) <= 9, ours  # reused (bounded pool), not one per run
+    assert all(cg.is_dir() and (cg / "cgroup.procs").read_text() == "" for cg in ours)
+    sb.close()
+    assert not any(cg.exists() for cg in ours)
+    sb.close()  # idempotent
+    with pytest.raises(RuntimeError, match="is closed"):
+        sb.run("true")
+
+
+def test_reused_cgroup_gives_each_run_its_full_process_budget(ws: Path):
+    # bwrap leaves its namespace init as an orphaned zombie that host pid 1 reaps late; until then it
+    # counts against pids.max, so a naively reused cgroup would start the next run short of nproc.
+    _needs_pids_cgroup()
+    with Sandbox(ws, backend=_backend("bwrap"), limits=Limits(nproc=24)) as sb:
+        for _ in range(4):  # 20 sleeps + bash + bwrap's two processes = 23 of 24 pids
+            r = sb.run("for i in $(seq 20); do sleep 0.2 & done; wait; echo ok", timeout_s=20)
+            assert r.ok and r.output.strip() == "ok", r.output[-500:]
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "rlimits"])
+def test_concurrent_runs_do_not_kill_each_other(backend: str, ws: Path):
+    # Parallel tool calls share one Sandbox: one run ending must not kill another's processes.
+    sb = Sandbox(ws, backend=_backend(backend))
+    slow: list[ExecResult] = []
+    thread = threading.Thread(target=lambda: slow.append(sb.run("sleep 1.5; echo slow-done", timeout_s=20)))
+    thread.start()
+    time.sleep(0.3)
+    for i in range(5):
+        assert sb.run(f"echo fast{i}").output.strip() == f"fast{i}"
+    thread.join()
+    assert slow[0].ok and slow[0].output.strip() == "slow-done", slow[0]
+    sb.close()
+
+
+def test_context_manager_and_garbage_collection_remove_cgroups(ws: Path):
+    _needs_pids_cgroup()
+    with Sandbox(ws, backend="rlimits") as sb:
+        assert sb.run("true").ok
+        ours = _cgroups_of(sb)
+    assert ours and not any(cg.exists() for cg in ours)
+    sb = Sandbox(ws, backend="rlimits")
+    assert sb.run("true").ok
+    ours = _cgroups_of(sb)
+    del sb
+    gc.collect()
+    assert ours and not any(cg.exists() for cg in ours)
 
 
 def test_bad_arguments_are_rejected(ws: Path):

@@ -1,0 +1,215 @@
+"""RL rewards: a registry of components, each a TRL reward function over the episode facts.
+
+    reward_funcs: [outcome, malformed, turns, parallel, length, latency, lint, failed_actions]
+    reward_weights: [1.0, 0.2, 0.05, 0.05, 0.05, 0.02, 0.1, 0.1]          # in the recipe, next to the names
+
+Each component has TRL's signature `f(completions, **kwargs) -> list[float | None]` and reads the rollout
+extra `episode` (one `episode_facts` dict per completion, computed by the rollout from the harness's
+Trajectory), never the completion text: the outcome is the grade `run_episode` computed with
+`env.tasks.grade`, the checker eval.py uses, so the reward cannot drift from eval (recipe section 2).
+TRL logs every component's mean and std per step (`rewards/<name>/mean|std`), never only the sum.
+
+Shaping (recipe section 4) is small next to the outcome: `turns`, `length` and `latency` are costs in
+[-1, 0] (share of the episode budget spent), `parallel` is a credit in [0, 1] (share of tool-calling turns
+that issue two or more independent read-only calls together).
+
+Reward hacking (recipe section 6) has a switch per hack, to reproduce it for the ablations:
+- hack 1, `malformed_handling`: "penalize" (the fix: each malformed call is an explicit negative) or "drop"
+  (the broken variant: an episode with a malformed call leaves training; every component returns None for
+  it, which TRL turns into a NaN reward, excludes from the group baseline and gives advantage 0, and the
+  rollout zeroes its loss mask).
+- hack 2, `ask_user_handling`: "penalize" (the fix: `failed_actions` counts questions like failed edits) or
+  "free" (the broken variant: only failed edits cost, so asking instead of editing is free).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+
+READ_ONLY_TOOLS = {"read_file", "grep", "search", "lint"}  # safe to issue together; `run` may write
+TEST_FILE = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$|conftest\.py$)")
+TEST_COMMAND = re.compile(r"\bpytest\b|\bunittest\b")
+TOKEN_LIMIT_EXITS = {"max_tokens", "max_context"}  # the episode was cut by a token limit, not ended by the model
+MALFORMED_CAP = 5  # one turn can hold many broken blocks; the cost of one episode stays bounded
+MALFORMED_HANDLING = ("penalize", "drop")
+ASK_USER_HANDLING = ("penalize", "free")
+
+RewardFunc = Callable[..., list[float | None]]
+
+
+# --------------------------------------------------------------------------- facts
+
+
+def episode_facts(trajectory, *, max_turns: int, token_budget: int, max_wall_s: float,
+                  lint_new_errors: int | None = None) -> dict:
+    """What the rewards and monitors read about one episode (a JSON-safe dict).
+
+    `trajectory` is an `env.episode.Trajectory`; `token_budget` normalises `length` (completion tokens the
+    episode could have spent); `lint_new_errors` is the ruff error count of the final workspace minus that
+    of the starting repo (None: not measured).
+    """
+    calls = [c for turn in trajectory.turns for c in turn["calls"]]
+    valid = [c for c in calls if not c["malformed"]]
+    calling_turns = [t for t in trajectory.turns if t["calls"]]
+
+    def independent_reads(turn) -> int:
+        reads = {(c["name"], repr(sorted(c["arguments"].items()))) for c in turn["calls"]
+                 if not c["malformed"] and c["name"] in READ_ONLY_TOOLS}
+        return len(reads)
+
+    edits = [c for c in valid if c["name"] == "edit_file"]
+    runs_tests = [i for i, c in enumerate(valid) if c["name"] == "run_tests"
+                  or (c["name"] == "run" and TEST_COMMAND.search(str(c["arguments"].get("command", ""))))]
+    submits = [i for i, c in enumerate(valid) if c["name"] == "submit"]
+    tokens = trajectory.completion_tokens
+    return {
+        "task_id": trajectory.task_id,
+        "exit_status": trajectory.exit_status,
+        "solved": bool(trajectory.solved),
+        "pass_fraction": float(trajectory.grade.get("pass_fraction", float(trajectory.solved))),
+        "turns": len(trajectory.turns),
+        "max_turns": max_turns,
+        "completion_tokens": tokens or 0,
+        "token_budget": token_budget,
+        "wall_s": float(trajectory.wall_s),
+        "max_wall_s": max_wall_s,
+        "calls": len(calls),
+        "malformed_calls": len(calls) - len(valid),
+        "calling_turns": len(calling_turns),
+        "parallel_turns": sum(independent_reads(t) >= 2 for t in calling_turns),
+        "edits": len(edits),
+        "failed_edits": sum(c["error"] is not None for c in edits),
+        "ask_user_calls": sum(c["name"] == "ask_user" for c in valid),
+        "test_files_touched": len({c["arguments"].get("path") for c in edits
+                                   if TEST_FILE.search(str(c["arguments"].get("path", "")))}),
+        "ran_tests": bool(runs_tests),
+        "submitted": bool(submits),
+        "submit_without_test_run": bool(submits) and not any(i < submits[0] for i in runs_tests),
+        "truncated": any(t["truncated"] for t in trajectory.turns) or trajectory.exit_status in TOKEN_LIMIT_EXITS,
+        "lint_new_errors": lint_new_errors,
+        "dropped": False,  # set by the rollout under malformed_handling="drop"
+    }
+
+
+def _facts(kwargs: dict, name: str) -> list[dict]:
+    if "episode" not in kwargs:
+        raise KeyError(f"reward {name!r} reads the rollout extra 'episode' (one episode_facts dict per completion), "
+                       f"which is missing: is the trainer using nanocomposer.rollout's rollout_func?")
+    return kwargs["episode"]
+
+
+# --------------------------------------------------------------------------- components
+
+
+def outcome(completions, **kwargs) -> list[float]:
+    """1 when the hidden tests pass (env.tasks.grade, as in eval), else 0."""
+    return [1.0 if e["solved"] else 0.0 for e in _facts(kwargs, "outcome")]
+
+
+def outcome_partial(completions, **kwargs) -> list[float]:
+    """Share of passing hidden tests (1 when solved): partial credit."""
+    return [float(e["pass_fraction"]) for e in _facts(kwargs, "outcome_partial")]
+
+
+def malformed(completions, **kwargs) -> list[float]:
+    """-1 per malformed tool call (at most MALFORMED_CAP): the explicit negative that fixes hack 1."""
+    return [-float(min(e["malformed_calls"], MALFORMED_CAP)) for e in _facts(kwargs, "malformed")]
+
+
+def turns(completions, **kwargs) -> list[float]:
+    """Minus the share of the turn budget used."""
+    return [-e["turns"] / max(e["max_turns"], 1) for e in _facts(kwargs, "turns")]
+
+
+def parallel(completions, **kwargs) -> list[float]:
+    """Share of tool-calling turns that issue two or more distinct read-only calls together."""
+    return [e["parallel_turns"] / e["calling_turns"] if e["calling_turns"] else 0.0
+            for e in _facts(kwargs, "parallel")]
+
+
+def length(completions, **kwargs) -> list[float]:
+    """Minus the share of the completion-token budget used (the model's own tokens only)."""
+    return [-min(e["completion_tokens"] / max(e["token_budget"], 1), 1.0) for e in _facts(kwargs, "length")]
+
+
+def latency(completions, **kwargs) -> list[float]:
+    """Minus the share of the wall-clock budget the episode took."""
+    return [-min(e["wall_s"] / e["max_wall_s"], 1.0) if e["max_wall_s"] > 0 else 0.0
+            for e in _facts(kwargs, "latency")]
+
+
+def lint(completions, **kwargs) -> list[float | None]:
+    """-1 when the final workspace has more ruff errors than the starting repo; None when not measured."""
+    return [None if e["lint_new_errors"] is None else -1.0 if e["lint_new_errors"] > 0 else 0.0
+            for e in _facts(kwargs, "lint")]
+
+
+def truncated(completions, **kwargs) -> list[float]:
+    """-1 for an episode cut by a token limit (a turn hit max_new_tokens, or max_tokens/max_context)."""
+    return [-1.0 if e["truncated"] else 0.0 for e in _facts(kwargs, "truncated")]
+
+
+def make_failed_actions(penalize_questions: bool = True) -> RewardFunc:
+    """Minus (failed edits [+ ask_user calls]) over the turn budget, floored at -1.
+
+    With `penalize_questions=False` a question costs nothing while a failed edit does: Composer's hack 2,
+    where the model learned to defer risky edits by asking clarifying questions.
+    """
+
+    def failed_actions(completions, **kwargs) -> list[float]:
+        out = []
+        for e in _facts(kwargs, "failed_actions"):
+            count = e["failed_edits"] + (e["ask_user_calls"] if penalize_questions else 0)
+            out.append(-min(count / max(e["max_turns"], 1), 1.0))
+        return out
+
+    failed_actions.__doc__ = make_failed_actions.__doc__
+    return failed_actions
+
+
+REWARDS: dict[str, RewardFunc] = {
+    "outcome": outcome,
+    "outcome_partial": outcome_partial,
+    "malformed": malformed,
+    "turns": turns,
+    "parallel": parallel,
+    "length": length,
+    "latency": latency,
+    "lint": lint,
+    "failed_actions": make_failed_actions(penalize_questions=True),
+    "truncated": truncated,
+}
+
+
+def drop_marked(func: RewardFunc) -> RewardFunc:
+    """`func`, returning None for episodes marked `dropped` (malformed_handling="drop")."""
+
+    @functools.wraps(func)
+    def wrapped(completions, **kwargs):
+        values = func(completions, **kwargs)
+        return [None if e["dropped"] else v for e, v in zip(_facts(kwargs, func.__name__), values, strict=True)]
+
+    return wrapped
+
+
+def get_reward_funcs(names: list[str], *, malformed_handling: str = "penalize",
+                     ask_user_handling: str = "penalize") -> list[RewardFunc]:
+    """The reward functions named in a recipe, with the hack switches applied (see the module docstring)."""
+    if malformed_handling not in MALFORMED_HANDLING:
+        raise ValueError(f"malformed_handling={malformed_handling!r}: expected one of {MALFORMED_HANDLING}")
+    if ask_user_handling not in ASK_USER_HANDLING:
+        raise ValueError(f"ask_user_handling={ask_user_handling!r}: expected one of {ASK_USER_HANDLING}")
+    unknown = [n for n in names if n not in REWARDS]
+    if unknown:
+        raise ValueError(f"unknown reward functions {unknown}; the registry (env/rewards.py) has {sorted(REWARDS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"reward_funcs {names}: a component is listed twice")
+    funcs = []
+    for name in names:
+        func = REWARDS[name]
+        if name == "failed_actions":
+            func = make_failed_actions(penalize_questions=ask_user_handling == "penalize")
+        funcs.append(drop_marked(func) if malformed_handling == "drop" else func)
+    return funcs
