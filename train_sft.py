@@ -100,10 +100,9 @@ def harness_check(model_dir: Path, tasks: list, script_args: SFTScriptArguments)
                                     workers=script_args.check_workers)
     summary = summarize(trajectories, wall_s)
     turns = [turn for trajectory in trajectories for turn in trajectory.turns]
-    valid_turns = sum(bool(t["calls"]) and not any(c["malformed"] for c in t["calls"]) for t in turns)
     metrics = {
         "tasks": summary["n"],
-        "tool_call_validity": valid_turns / len(turns) if turns else 0.0,
+        "tool_call_validity": summary["tool_call_validity"],  # one definition: env/metrics.py
         "valid_calls": sum(not c["malformed"] for t in turns for c in t["calls"]),
         "malformed_calls": summary["malformed_calls"],
         "solve_rate": summary["solve_rate"],

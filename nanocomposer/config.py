@@ -114,3 +114,58 @@ class RecipeParser(TrlParser):
     def error(self, message: str):
         # argparse's default prints the full usage first, which here is hundreds of flags long.
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+@dataclass
+class RLScriptArguments(StageArguments):
+    """GRPO in the harness: episodes of env.episode.run_episode on task-factory tasks (train_rl.py)."""
+
+    tasks_dir: str = field(
+        default="artifacts/data/tasks/train",
+        metadata={"help": "Task set to train on (a task-factory split directory, searched recursively)."},
+    )
+    task_limit: int | None = field(default=None, metadata={"help": "Use only the first N tasks (sorted by id)."})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["outcome", "malformed", "turns", "parallel", "length", "latency", "lint",
+                                 "failed_actions"],
+        metadata={"help": "Reward components from env/rewards.py's REWARDS; weights go in `reward_weights`."},
+    )
+    malformed_handling: str = field(
+        default="penalize",
+        metadata={"help": "penalize: each malformed call is an explicit negative (the fix). drop: episodes with a "
+                          "malformed call leave the loss (Composer's hack 1, for the ablation).",
+                  "choices": ["penalize", "drop"]},
+    )
+    ask_user_handling: str = field(
+        default="penalize",
+        metadata={"help": "penalize: `failed_actions` counts ask_user calls like failed edits (the fix). free: "
+                          "questions cost nothing (Composer's hack 2, for the ablation).",
+                  "choices": ["penalize", "free"]},
+    )
+    truncated_episodes: str = field(
+        default="mask",
+        metadata={"help": "Episodes cut by a token limit: mask (no loss on them) or penalty (trained, with the "
+                          "`truncated` reward, which must then be in reward_funcs).",
+                  "choices": ["mask", "penalty"]},
+    )
+    max_turns: int = field(default=6, metadata={"help": "Turn budget per episode."})
+    max_new_tokens: int = field(default=128, metadata={"help": "Generated tokens per turn."})
+    max_episode_tokens: int | None = field(
+        default=None, metadata={"help": "Completion-token budget per episode (None: max_turns * max_new_tokens)."})
+    max_context: int | None = field(
+        default=None, metadata={"help": "Context window for episodes (None: the model's max_position_embeddings)."})
+    max_wall_s: float = field(default=120.0, metadata={"help": "Wall-clock budget per episode (seconds)."})
+    max_output_chars: int = field(default=4000, metadata={"help": "Per tool result (head and tail kept)."})
+    command_timeout_s: float = field(default=30.0, metadata={"help": "Per sandboxed command."})
+    rollout_workers: int = field(
+        default=2, metadata={"help": "Episode processes, each with a copy of the policy; 0: in the trainer process."})
+    generation_backend: str = field(
+        default="transformers",
+        metadata={"help": "transformers (rollouts in worker processes or in-process) or vllm (TRL's engine: set "
+                          "use_vllm and vllm_mode too).", "choices": ["transformers", "vllm"]},
+    )
+    dominance_threshold: float = field(
+        default=0.8, metadata={"help": "Warn when one reward component makes more than this share of the advantage."})
+    log_trajectories_steps: int = field(
+        default=10, metadata={"help": "Write (and log to W&B) a few full trajectories every N rollouts; 0: never."})
+    log_trajectories_count: int = field(default=2, metadata={"help": "Trajectories per table."})

@@ -31,7 +31,7 @@ def test_there_are_recipes_for_the_first_stages():
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_parses(recipe, monkeypatch):
     monkeypatch.chdir(ROOT)
-    parser = stage_parser(recipe.stem)
+    parser = stage_parser(recipe.stem.split("_")[0])  # rl_long.yaml, rl_2gpu.yaml: variants of stage rl
     args = ["--config", str(recipe.relative_to(ROOT))]
     if not torch.cuda.is_available() and "bf16: true" in recipe.read_text():
         args += ["--use_cpu", "true"]  # TrainingArguments refuses bf16 without a GPU unless told it is on CPU

@@ -1,0 +1,204 @@
+"""eval.py: the CLI (first form kept), samples and seeds, --config, --compare outputs, task sets, bad inputs."""
+
+import json
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_calc_task
+
+import eval as eval_py
+from env.episode import EpisodeConfig
+from env.task_sets import TaskSet, resolve_task_set
+from env.tasks import TaskError, load_task, write_task
+from nanocomposer.model import build_model, build_tokenizer
+
+FIRST_FORM_SUMMARY = {"n", "solved", "solve_rate", "mean_turns", "tool_calls", "parallel_call_rate",
+                      "malformed_calls", "exit_statuses", "wall_s"}
+FIRST_FORM_TASK = {"id", "solved", "exit_status", "turns", "tool_calls", "malformed_calls", "wall_s", "messages"}
+MICRO = ["--max-turns", "2", "--max-new-tokens", "32", "--quiet"]
+
+
+@pytest.fixture(scope="session")
+def micro_checkpoint(tmp_path_factory) -> Path:
+    """An untrained micro model (vocab ~512, hidden 64, 2 layers, context 4096) saved like a pipeline stage."""
+    torch.set_num_threads(1)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    tokenizer = build_tokenizer([(stdlib / f).read_text(encoding="utf-8") for f in ("json/encoder.py", "shlex.py")],
+                                512)
+    tokenizer.model_max_length = 4096
+    model = build_model(tokenizer, hidden=64, layers=2, heads=2, context=4096, seed=0)
+    out = tmp_path_factory.mktemp("runs") / "micro" / "sft"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def two_tasks(tmp_path) -> Path:
+    root = tmp_path / "tasks"
+    for task_id in ("calc-a", "calc-b"):
+        make_calc_task(root, task_id)
+    return root
+
+
+def run(*argv) -> int:
+    return eval_py.main([str(a) for a in argv])
+
+
+def test_micro_model_end_to_end(micro_checkpoint, two_tasks, tmp_path):
+    out = tmp_path / "results.json"
+    assert run("--tasks", two_tasks, "--policy", micro_checkpoint, "--output", out, *MICRO) == 0
+    results = json.loads(out.read_text())
+    s = results["summary"]
+    assert FIRST_FORM_SUMMARY <= s.keys() and s["n"] == 2 and s["solved"] == 0  # an untrained model solves nothing
+    assert {"solve_rate_ci95", "pass@1", "tool_call_validity", "turn_share", "mean_completion_tokens"} <= s.keys()
+    assert s["mean_completion_tokens"] > 0 and s["label"] == "micro/sft"
+    assert s["config"]["sampling"]["max_new_tokens"] == 32 and s["config"]["episode"]["max_turns"] == 2
+    assert set(s["task_sets"]) == {str(two_tasks)} and s["task_sets"][str(two_tasks)]["kind"] == "harness"
+    for task in results["tasks"]:
+        assert FIRST_FORM_TASK <= task.keys() and task["turns"] <= 2
+        assert task["exit_status"] in {"max_turns", "no_tool_call", "repeated_malformed", "max_tokens"}
+
+
+def test_sampling_depends_on_seed_and_task_not_on_episode_order(micro_checkpoint, two_tasks):
+    tasks = [load_task(two_tasks / "calc-a"), load_task(two_tasks / "calc-b")]
+    config = EpisodeConfig(max_turns=1)
+    sampling = {"max_new_tokens": 16, "temperature": 1.0, "seed": 5}
+    both, _ = eval_py.evaluate(tasks, str(micro_checkpoint), config, progress=False, sampling=sampling, samples=2)
+    alone, _ = eval_py.evaluate(tasks[1:], str(micro_checkpoint), config, progress=False, sampling=sampling, samples=2)
+    texts = [t.turns[0]["text"] for t in both]
+    assert texts[2:] == [t.turns[0]["text"] for t in alone]  # calc-b samples the same after calc-a or alone
+    assert texts[2] != texts[3]  # different seeds, different samples
+
+
+def test_samples_give_pass_at_k_and_records_carry_seeds(two_tasks, tmp_path):
+    out = tmp_path / "r.json"
+    assert run("--tasks", two_tasks, "--policy", "oracle", "--samples", "3", "--seed", "7", "--output", out,
+               "--quiet", "--workers", "2") == 0
+    results = json.loads(out.read_text())
+    assert results["summary"]["n"] == 6 and results["summary"]["n_tasks"] == 2
+    assert {"pass@1", "pass@2", "pass@3"} <= results["summary"].keys()
+    assert [(r["id"], r["sample"], r["seed"]) for r in results["tasks"]] == \
+        [(i, s, 7 + s) for i in ("calc-a", "calc-b") for s in range(3)]
+
+
+def test_compare_output_shape(micro_checkpoint, two_tasks, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out_dir = tmp_path / "cmp"
+    assert run("--tasks", two_tasks, "--compare", "noop", "gold", micro_checkpoint, "--out-dir", out_dir,
+               "--bootstrap", "200", "--wandb", "--run", "unit", *MICRO) == 0
+    for name in ("compare.json", "compare.md", "solve_rate.png", "tool_mix.png", "noop/results.json",
+                 "gold/results.json", "micro__sft/results.json"):
+        assert (out_dir / name).is_file(), name
+    assert (out_dir / "solve_rate.png").read_bytes()[:4] == b"\x89PNG"
+    comparison = json.loads((out_dir / "compare.json").read_text())
+    assert comparison["baseline"] == "noop" and list(comparison["policies"]) == ["noop", "gold", "micro/sft"]
+    scope = str(two_tasks)
+    assert set(comparison["policies"]["gold"]["metrics"]) == {"all", scope}
+    gold = comparison["differences"]["gold"]["all"]
+    assert gold["diff"] == 1.0 and gold["ci95"] == [1.0, 1.0] and gold["n_tasks"] == 2
+    assert gold["method"] == "paired bootstrap over tasks" and gold["resamples"] == 200
+    assert comparison["differences"]["micro/sft"]["all"]["diff"] == 0.0
+    markdown = (out_dir / "compare.md").read_text()
+    assert "| task set | noop | gold | micro/sft |" in markdown and "Δ +100.0%" in markdown
+    runs = list((out_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 4  # one per policy and the comparison
+
+
+def test_config_yaml_with_flags_overriding(two_tasks, tmp_path):
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"tasks: {two_tasks}\npolicy: noop\noutput: {tmp_path / 'from_yaml.json'}\n"
+                      "max-turns: 3\nquiet: true\n")
+    assert run("--config", config) == 0
+    summary = json.loads((tmp_path / "from_yaml.json").read_text())["summary"]
+    assert summary["policy"] == "noop" and summary["config"]["episode"]["max_turns"] == 3
+    assert run("--config", config, "--policy", "gold", "--output", tmp_path / "flag.json") == 0
+    assert json.loads((tmp_path / "flag.json").read_text())["summary"]["solved"] == 2
+    assert run("--config", config, "--compare", "noop", "gold", "--out-dir", tmp_path / "c") == 0
+    config.write_text("tasks: x\npolicy: noop\nmax_turn: 3\n")
+    with pytest.raises(SystemExit):
+        eval_py.parse_args(["--config", str(config)])
+
+
+def test_bad_config_key_is_named(tmp_path, capsys):
+    config = tmp_path / "eval.yaml"
+    config.write_text("policy: noop\nmax_turn: 3\n")
+    with pytest.raises(SystemExit):
+        eval_py.parse_args(["--config", str(config)])
+    assert "unknown option 'max_turn'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda d: d / "runs" / "nope" / "sft", "no such checkpoint directory"),
+    (lambda d: (d / "empty").mkdir() or d / "empty", "no config.json"),
+    (lambda d: ((d / "noweights").mkdir(), (d / "noweights" / "config.json").write_text('{"model_type": "llama"}'))
+     and d / "noweights", "no weights"),
+])
+def test_malformed_checkpoint_fails_clearly(make, says, two_tasks, tmp_path, capsys):
+    path = make(tmp_path)
+    out = tmp_path / "r.json"
+    assert run("--tasks", two_tasks, "--policy", path, "--output", out, "--quiet") == 2
+    err = capsys.readouterr().err
+    assert says in err and str(path.name) in err and not out.exists()
+
+
+def test_argument_errors(two_tasks, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        eval_py.parse_args(["--tasks", "samples", "--policy", "noop", "--compare", "gold", "--output", "x"])
+    with pytest.raises(SystemExit):
+        eval_py.parse_args(["--tasks", "samples", "--compare", "gold", "noop"])  # no --out-dir
+    assert run("--tasks", two_tasks, "--compare", "gold", "gold", "--out-dir", tmp_path) == 2
+    assert "share a label" in capsys.readouterr().err
+    assert run("--tasks", "no-such-set", "--policy", "noop", "--output", tmp_path / "r.json") == 2
+    assert "unknown task set 'no-such-set'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- task sets
+
+
+@pytest.fixture
+def factory_root(tmp_path) -> Path:
+    root = tmp_path / "factory"
+    for split, family, tier in [("test", "fix_bug", "micro"), ("test", "fix_lint", "micro"),
+                                ("test", "fix_bug", "repo"), ("val", "fix_bug", "repo")]:
+        write_task(root / split / f"{split}-{family}-{tier}", id=f"{split}-{family}-{tier}", instruction="x",
+                   test_command="true", repo={"a.py": ""}, family=family, tier=tier, split=split)
+    return root
+
+
+def test_factory_task_sets_filter_by_family_and_tier(factory_root, monkeypatch):
+    def ids(spec):
+        return [t.id for t in resolve_task_set(spec, tasks_root_dir=factory_root).tasks]
+
+    assert ids("factory:test") == ["test-fix_bug-micro", "test-fix_bug-repo", "test-fix_lint-micro"]
+    assert ids("factory:test/fix_bug") == ["test-fix_bug-micro", "test-fix_bug-repo"]
+    assert ids("factory:test/fix_bug/repo") == ids("factory:test/repo/fix_bug") == ["test-fix_bug-repo"]
+    monkeypatch.setenv("NANOCOMPOSER_TASKS", str(factory_root))
+    assert [t.id for t in resolve_task_set("factory:val").tasks] == ["val-fix_bug-repo"]
+    with pytest.raises(TaskError, match=r"no split 'train' .*\(splits: val, test\)"):
+        resolve_task_set("factory:train")
+    with pytest.raises(TaskError, match=r"'locate' is neither a family \(fix_bug, fix_lint\) nor a tier"):
+        resolve_task_set("factory:test/locate")
+    with pytest.raises(TaskError, match=r"unknown task set 'tests/nothing'.*samples, factory:\{val,test\}"):
+        resolve_task_set("tests/nothing")
+
+
+def test_samples_and_directories_resolve(two_tasks, tmp_path):
+    samples = resolve_task_set("samples")
+    assert samples.kind == "harness" and len(samples.tasks) == 5
+    assert [t.id for t in resolve_task_set(str(two_tasks)).tasks] == ["calc-a", "calc-b"]
+    with pytest.raises(TaskError, match=r"no task factory output in .* \(run `make data`"):
+        resolve_task_set("factory:test", tasks_root_dir=tmp_path)
+
+
+def test_run_benchmark_reports_each_task_set(two_tasks, tmp_path):
+    other = tmp_path / "other"
+    make_calc_task(other, "calc-c")
+    sets = [resolve_task_set(str(two_tasks)), TaskSet("ext", resolve_task_set(str(other)).tasks, "external",
+                                                      "external: X", str(other))]
+    results = eval_py.run_benchmark(sets, "gold", EpisodeConfig(), progress=False)
+    s = results["summary"]
+    assert s["n"] == 3 and s["task_sets"]["ext"]["n"] == 1 and s["task_sets"]["ext"]["label"] == "external: X"
+    assert [r["task_set"] for r in results["tasks"]] == [str(two_tasks)] * 2 + ["ext"]

@@ -1,0 +1,272 @@
+"""RL in the harness (nanocomposer/rollout.py, train_rl.py) with a micro model (vocab ~512, hidden 64, 2 layers).
+
+The identity test replays the gold trajectory of a task through the RL policy and through eval's ModelPolicy:
+both show the model the same tokens every turn, and the RL sample is the tokenization of the final
+conversation. The last test runs real GRPOTrainer steps through train_rl.main with worker processes.
+"""
+
+import json
+import math
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from env.episode import EpisodeConfig, Trajectory, run_episode
+from env.policies import GoldPolicy
+from nanocomposer.model import build_model, build_tokenizer
+from nanocomposer.policy import MESSAGE_KEYS, ModelPolicy, SamplingConfig
+from nanocomposer.rollout import (
+    AgentRollout,
+    EpisodeResult,
+    EpisodeRunner,
+    RolloutConfig,
+    RolloutError,
+    RolloutPolicy,
+    advantage_shares,
+    episode_sample,
+    prompt_key,
+    task_prompt_dataset,
+)
+from tests.conftest import make_calc_task
+
+STDLIB_FILES = ("json/encoder.py", "json/decoder.py", "textwrap.py", "shlex.py")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 140 k-parameter model gains nothing from threads
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    tokenizer = build_tokenizer([(stdlib / f).read_text(encoding="utf-8") for f in STDLIB_FILES], 512)
+    tokenizer.model_max_length = 4096
+    model = build_model(tokenizer, hidden=64, layers=2, heads=2, context=4096, seed=0)
+    path = tmp_path_factory.mktemp("micro")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tasks")
+    calc = make_calc_task(root, "calc-add")
+    other = make_calc_task(root, "calc-add-2")
+    other_spec = json.loads((other.root / "task.json").read_text())
+    other_spec["instruction"] = "add(2, 3) is wrong: fix calc/ops.py."
+    (other.root / "task.json").write_text(json.dumps(other_spec))
+    return root, calc
+
+
+def scripted(cls, texts):
+    """`cls` (a ModelPolicy) whose model 'samples' the canonical tokens of `texts`, one per turn."""
+
+    class Scripted(cls):
+        def _generate(self, prompt_ids, seed):
+            ids = self.tokenizer.encode(texts[self.turn - 1], add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            return ids, [-0.5] * len(ids)
+
+    return Scripted
+
+
+def render_ids(tokenizer, trajectory: Trajectory) -> list[int]:
+    """Token ids of the final conversation up to its last assistant turn, rendered by the chat template."""
+    last = max(i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant")
+    messages = [{k: m[k] for k in MESSAGE_KEYS if k in m} for m in trajectory.messages[: last + 1]]
+    text = tokenizer.apply_chat_template(messages, tools=trajectory.tools, tokenize=False)
+    return tokenizer.encode(text.removesuffix("\n"), add_special_tokens=False)  # the template's "\n" after <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def replayed(micro, tasks):
+    """The gold turns of the calc task replayed through the RL policy (the model 'samples' their tokens)."""
+    _, model, tokenizer = micro
+    texts = [t["text"] for t in run_episode(tasks[1], GoldPolicy(), EpisodeConfig()).turns]
+    policy = scripted(RolloutPolicy, texts)(model, tokenizer, SamplingConfig(max_new_tokens=512))
+    return run_episode(tasks[1], policy, EpisodeConfig()), texts
+
+
+# --------------------------------------------------------------------------- one loop, one token sequence
+
+
+def test_rl_and_eval_paths_show_the_model_identical_tokens(micro, tasks, replayed):
+    _, model, tokenizer = micro
+    rl, texts = replayed
+    assert len(texts) >= 3 and rl.exit_status == "submitted" and rl.solved
+    # Eval's policy renders each turn's conversation from scratch; the RL policy extends its token sequence.
+    # (Tool output such as pytest timings differs from run to run, so both read the same conversation.)
+    eval_policy = ModelPolicy(model, tokenizer, SamplingConfig(max_new_tokens=512))
+    assistant_at = [i for i, m in enumerate(rl.messages) if m["role"] == "assistant"]
+    for turn, at in zip(rl.turns, assistant_at, strict=True):
+        assert turn["prompt_ids"] == eval_policy.render(rl.messages[:at], rl.tools)
+    sample = episode_sample(rl, tokenizer.eos_token_id)
+    assert sample["prompt_ids"] + sample["completion_ids"] == render_ids(tokenizer, rl)
+    assert sample["prompt_ids"] == rl.turns[0]["prompt_ids"]
+    # And a whole eval episode of the same turns (its own tool outputs) gives the same first prompt and turns.
+    ev = run_episode(tasks[1], scripted(ModelPolicy, texts)(model, tokenizer, SamplingConfig(max_new_tokens=512)),
+                     EpisodeConfig())
+    assert ev.turns[0]["prompt_ids"] == rl.turns[0]["prompt_ids"]
+    assert [t["completion_ids"] for t in ev.turns] == [t["completion_ids"] for t in rl.turns]
+
+
+def test_mask_covers_exactly_the_models_own_tokens(micro, replayed):
+    _, _, tokenizer = micro
+    rl, _ = replayed
+    sample = episode_sample(rl, tokenizer.eos_token_id)
+    completion, mask = sample["completion_ids"], sample["env_mask"]
+    assert len(mask) == len(completion) == len(sample["logprobs"])
+    trained = [t for t, m in zip(completion, mask) if m]
+    assert trained == [i for turn in rl.turns for i in turn["completion_ids"]]  # every model token, in order
+    assert [lp for lp, m in zip(sample["logprobs"], mask) if m] == [-0.5] * len(trained)
+    response = tokenizer.convert_tokens_to_ids("<tool_response>")
+    assert response not in trained and response in [t for t, m in zip(completion, mask) if not m]
+    # Each run of trained tokens is one assistant turn ending with its stop token.
+    runs, current = [], []
+    for token, m in zip(completion, mask):
+        if m:
+            current.append(token)
+        elif current:
+            runs, current = [*runs, current], []
+    runs += [current] if current else []
+    assert [tokenizer.decode(r, skip_special_tokens=False) for r in runs] == \
+        [t["text"] + "<|im_end|>" for t in rl.turns]
+
+
+def test_prefix_preserving_template_holds_across_turns(replayed):
+    rl, _ = replayed
+    final = rl.turns[-1]["prompt_ids"] + rl.turns[-1]["completion_ids"]
+    for turn in rl.turns:
+        assert final[: len(turn["prompt_ids"])] == turn["prompt_ids"]
+        end = len(turn["prompt_ids"]) + len(turn["completion_ids"])
+        assert final[len(turn["prompt_ids"]): end] == turn["completion_ids"]
+
+
+def test_a_turn_that_breaks_the_prefix_is_an_error_not_a_silent_sample(micro, replayed):
+    _, _, tokenizer = micro
+    rl, _ = replayed
+    broken = Trajectory(**{**rl.__dict__, "turns": [dict(t) for t in rl.turns]})
+    broken.turns[1]["prompt_ids"] = broken.turns[1]["prompt_ids"][:5] + [7] + broken.turns[1]["prompt_ids"][6:]
+    with pytest.raises(RolloutError, match="does not extend"):
+        episode_sample(broken, tokenizer.eos_token_id)
+
+
+# --------------------------------------------------------------------------- sampled episodes, truncation
+
+
+def sampled_rollout(micro, tasks, **config):
+    _, model, tokenizer = micro
+    root, calc = tasks
+    _, index = task_prompt_dataset(root)
+    rollout = AgentRollout(index, tokenizer, RolloutConfig(
+        episode=EpisodeConfig(max_turns=2), sampling=SamplingConfig(max_new_tokens=12, temperature=1.0),
+        workers=0, log_trajectories_steps=0, **config), None)
+    runner = EpisodeRunner(model, tokenizer, rollout.config)
+    results = runner.run([str(calc.root)] * 2, first_episode=0)
+    prompts = [results[0].trajectory.messages[:2]] * 2
+    return rollout.build(prompts, results), results
+
+
+def test_truncated_episodes_are_marked_and_masked_or_penalised_by_config(micro, tasks):
+    masked, results = sampled_rollout(micro, tasks, truncated_episodes="mask")
+    for facts, mask, ids, logprobs in zip(masked["episode"], masked["env_mask"], masked["completion_ids"],
+                                          masked["logprobs"]):
+        assert facts["truncated"]  # a random model never stops within 12 tokens
+        assert len(mask) == len(ids) == len(logprobs) and not any(mask)
+        assert all(math.isfinite(lp) and lp <= 0 for lp in logprobs)
+    kept, _ = sampled_rollout(micro, tasks, truncated_episodes="penalty")
+    for facts, mask, result in zip(kept["episode"], kept["env_mask"], results):
+        assert facts["truncated"] and sum(mask) == result.trajectory.completion_tokens
+
+
+def test_same_seeds_give_the_same_episode(micro, tasks):
+    first, _ = sampled_rollout(micro, tasks)
+    second, _ = sampled_rollout(micro, tasks)
+    assert first["completion_ids"] == second["completion_ids"]
+    assert first["completion_ids"][0] != first["completion_ids"][1]  # the group's episodes differ
+
+
+def test_malformed_drop_switch_masks_the_episode(micro, replayed):
+    _, _, tokenizer = micro
+    rl, _ = replayed
+    bad = Trajectory(**{**rl.__dict__, "turns": [dict(t) for t in rl.turns]})
+    bad.turns[0]["calls"] = [{"name": None, "arguments": None, "malformed": True, "error": "bad", "raw": "x"}]
+    prompts = [rl.messages[:2]] * 2
+    results = [EpisodeResult(rl, None, 0, 0.0), EpisodeResult(bad, None, 0, 0.0)]
+    config = RolloutConfig(workers=0, malformed_handling="drop")
+    out = AgentRollout({}, tokenizer, config, None).build(prompts, results)
+    assert [e["dropped"] for e in out["episode"]] == [False, True]
+    assert any(out["env_mask"][0]) and not any(out["env_mask"][1])
+
+
+def test_prompts_index_their_tasks_and_duplicates_fail(tasks, tmp_path):
+    root, _ = tasks
+    dataset, index = task_prompt_dataset(root)
+    assert len(dataset) == 2 and set(dataset.column_names) == {"prompt", "task_dir", "task_id"}
+    assert {index[prompt_key(row["prompt"])] for row in dataset} == set(dataset["task_dir"])
+    make_calc_task(tmp_path, "a")
+    make_calc_task(tmp_path, "b")
+    with pytest.raises(RolloutError, match="identical prompts"):
+        task_prompt_dataset(tmp_path)
+
+
+def test_advantage_shares_name_the_component_that_separates_completions():
+    rewards = torch.tensor([[1.0, -0.1], [0.0, -0.1], [1.0, -0.2], [1.0, -0.2]])  # 2 groups of 2
+    shares = advantage_shares(rewards, torch.tensor([1.0, 1.0]), 2, ["outcome", "turns"])
+    assert shares["advantage_share/outcome"] == pytest.approx(1.0)
+    assert shares["zero_std_groups/outcome"] == 0.5 and shares["zero_std_groups/turns"] == 1.0
+
+
+# --------------------------------------------------------------------------- workers, GRPO steps
+
+
+def test_worker_pool_generates_with_the_trainers_current_weights(micro, tasks):
+    _, model, tokenizer = micro
+    calc = tasks[1]
+    config = RolloutConfig(episode=EpisodeConfig(max_turns=1), sampling=SamplingConfig(max_new_tokens=8,
+                                                                                       temperature=1.0))
+    live = {k: v.clone() for k, v in model.state_dict().items()}
+    pool = EpisodeRunner(model, tokenizer, config)
+    local = EpisodeRunner(model, tokenizer, RolloutConfig(**{**config.__dict__, "workers": 0}))
+    try:
+        for _ in range(2):  # the second round runs after the weights changed
+            remote = [r.trajectory.turns[0]["completion_ids"] for r in pool.run([str(calc.root)] * 2, 0)]
+            here = [r.trajectory.turns[0]["completion_ids"] for r in local.run([str(calc.root)] * 2, 0)]
+            assert remote == here
+            with torch.no_grad():
+                model.lm_head.weight.mul_(3.0)  # sharper distribution: different samples
+    finally:
+        pool.close()
+        model.load_state_dict(live)
+
+
+def test_grpo_steps_through_train_rl(micro, tasks, tmp_path):
+    import train_rl
+
+    path, _, _ = micro
+    root, _ = tasks
+    args = ["--model_name_or_path", str(path), "--tasks_dir", str(root), "--run", "t", "--runs_dir", str(tmp_path),
+            "--max_turns", "2", "--max_new_tokens", "12", "--num_generations", "2",
+            "--per_device_train_batch_size", "2", "--max_steps", "2", "--learning_rate", "0.01",
+            "--reward_funcs", "outcome", "malformed", "turns", "latency", "truncated",
+            "--reward_weights", "1.0", "0.2", "0.05", "0.5", "0.1", "--truncated_episodes", "penalty",
+            "--rollout_workers", "2", "--log_trajectories_steps", "1", "--logging_steps", "1",
+            "--use_cpu", "true", "--bf16", "false", "--activation_checkpointing", "false", "--report_to", "none",
+            "--save_strategy", "no"]
+    metrics = train_rl.main(*train_rl.make_parser().parse_args_and_config(args))
+    out = tmp_path / "t" / "rl"
+    assert metrics["global_step"] == 2
+    for key in ("rewards/outcome/mean", "rewards/latency/std", "behaviour/malformed_call_rate", "exit/no_tool_call",
+                "timing/env_s", "timing/env_share", "advantage_share/latency", "rollout/truncated_rate"):
+        assert key in metrics, key
+    assert sorted(p.name for p in (out / "trajectories").iterdir()) == ["step-000000.jsonl", "step-000001.jsonl"]
+    assert (out / "README.md").is_file() and (out / "config.yaml").is_file()
+    before, after = load_file(path / "model.safetensors"), load_file(out / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before), "two GRPO steps changed no weight"

@@ -1,0 +1,231 @@
+"""Stage 3: GRPO in the agent harness. Every rollout is a whole episode of env.episode.run_episode.
+
+    python train_rl.py --config recipes/tiny/rl.yaml --run demo                  # starts from runs/demo/sft
+    python train_rl.py --config recipes/tiny/rl.yaml --run demo --resume         # continue the last checkpoint
+    python train_rl.py --config recipes/tiny/rl_long.yaml --run abl --malformed_handling drop   # hack-1 ablation
+    python train_rl.py --config recipes/gpu/rl.yaml --run r1                     # Qwen2.5-Coder + LoRA, vLLM colocate
+
+Data: the task directories under `tasks_dir` (a task-factory split). Each becomes one prompt row (its
+initial messages); TRL's `rollout_func` (nanocomposer/rollout.py) plays `num_generations` episodes of it in
+fresh sandboxes through the same loop eval.py uses, and returns one token sequence per episode with the
+tool results masked out of the loss (`env_mask`).
+
+Rewards: the components named in `reward_funcs` (env/rewards.py's registry) with the recipe's
+`reward_weights`; TRL logs each component's mean and std per step. Monitors (behaviour rates, exit
+statuses, timing and the env's share of step time, each component's share of the advantage) go to W&B
+every step; a few full trajectories every `log_trajectories_steps` rollouts go to
+<output_dir>/trajectories/ and a W&B table.
+
+Output: runs/<run>/rl/ with the model and tokenizer (LoRA merged), config.yaml, README.md, checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+from trl import GRPOConfig, GRPOTrainer, ModelConfig
+
+from env.episode import EpisodeConfig
+from env.rewards import get_reward_funcs
+from env.tasks import TaskError
+from nanocomposer.common import (
+    check_model_path,
+    configure_device,
+    fail,
+    finish_wandb,
+    git_commit,
+    init_wandb,
+    load_model,
+    load_tokenizer,
+    peft_config,
+    prepare_output_dir,
+    print0,
+    resolved_config,
+    save_config,
+    save_final_model,
+    write_model_card,
+)
+from nanocomposer.config import RecipeParser, RLScriptArguments
+from nanocomposer.policy import SamplingConfig
+from nanocomposer.rollout import (
+    AgentRollout,
+    RolloutConfig,
+    RolloutError,
+    advantage_shares,
+    task_prompt_dataset,
+)
+
+STAGE = "rl"
+
+
+class AgentGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer that also logs each reward component's share of the advantage, warning when one dominates.
+
+    TRL logs every component's mean and std and the share of zero-std groups of the weighted sum; what it
+    does not show is which component drives the advantages (a shaping term quietly outweighing the outcome
+    is how reward hacks start). Hooks `_calculate_rewards` (TRL 1.16), which sees all components.
+    """
+
+    def __init__(self, *args, dominance_threshold: float = 0.8, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dominance_threshold = dominance_threshold
+        self._last_dominance_warning = -math.inf
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        shares = advantage_shares(rewards.detach().float().cpu(), self.reward_weights.float().cpu(), num_generations,
+                                  list(self.reward_func_names))
+        for key, value in shares.items():
+            self._metrics[mode][key].append(value)
+        top = max(self.reward_func_names, key=lambda n: shares[f"advantage_share/{n}"])
+        top_share = shares[f"advantage_share/{top}"]
+        self._metrics[mode]["advantage_share/max"].append(top_share)
+        step = self.state.global_step
+        if (len(self.reward_func_names) > 1 and top_share > self.dominance_threshold
+                and step - self._last_dominance_warning >= 10):
+            self._last_dominance_warning = step
+            print0(f"[rl] warning: step {step}: reward component {top!r} makes {top_share:.0%} of the advantage "
+                  f"signal (threshold {self.dominance_threshold:.0%}); check its weight")
+        return rewards
+
+
+def check_arguments(script_args: RLScriptArguments, training_args: GRPOConfig) -> list:
+    """Everything about the recipe that can be wrong, checked before any model is loaded; the reward funcs."""
+    try:
+        reward_funcs = get_reward_funcs(script_args.reward_funcs, malformed_handling=script_args.malformed_handling,
+                                        ask_user_handling=script_args.ask_user_handling)
+    except ValueError as e:
+        fail(f"reward_funcs: {e}")
+    weights = training_args.reward_weights
+    if weights is not None and len(weights) != len(reward_funcs):
+        fail(f"reward_weights has {len(weights)} values for {len(reward_funcs)} reward_funcs "
+             f"{script_args.reward_funcs}: give one weight per component")
+    if script_args.truncated_episodes == "penalty" and "truncated" not in script_args.reward_funcs:
+        fail("truncated_episodes: penalty needs the `truncated` reward in reward_funcs (with a weight)")
+    if training_args.mask_truncated_completions:
+        print0("[rl] note: mask_truncated_completions only sees the last token of an episode; truncation is "
+               f"handled per episode by truncated_episodes={script_args.truncated_episodes!r}")
+    if script_args.generation_backend == "vllm" and not training_args.use_vllm:
+        fail("generation_backend: vllm needs use_vllm: true (and vllm_mode: colocate or server)")
+    if training_args.per_device_train_batch_size % training_args.num_generations:
+        fail(f"per_device_train_batch_size={training_args.per_device_train_batch_size} must be a multiple of "
+             f"num_generations={training_args.num_generations} (it counts episodes: prompts x generations)")
+    return reward_funcs
+
+
+def rollout_config(script_args: RLScriptArguments, training_args: GRPOConfig) -> RolloutConfig:
+    """The episode budgets and sampling, from the recipe: the same EpisodeConfig fields eval.py sets."""
+    episode = EpisodeConfig(max_turns=script_args.max_turns, max_tokens=script_args.max_episode_tokens,
+                            max_wall_s=script_args.max_wall_s, max_output_chars=script_args.max_output_chars,
+                            command_timeout_s=script_args.command_timeout_s)
+    sampling = SamplingConfig(max_new_tokens=script_args.max_new_tokens, temperature=training_args.temperature,
+                              top_p=training_args.top_p, seed=training_args.seed, max_context=script_args.max_context)
+    return RolloutConfig(episode=episode, sampling=sampling, workers=script_args.rollout_workers,
+                         backend=script_args.generation_backend, measure_lint="lint" in script_args.reward_funcs,
+                         malformed_handling=script_args.malformed_handling,
+                         truncated_episodes=script_args.truncated_episodes,
+                         log_trajectories_steps=script_args.log_trajectories_steps,
+                         log_trajectories_count=script_args.log_trajectories_count)
+
+
+def window_means(log_history: list[dict], prefixes: tuple[str, ...], last: int = 5) -> dict:
+    """Mean of each logged metric with one of `prefixes` over the last `last` logs that have it."""
+    keys = sorted({k for log in log_history for k in log if k.startswith(prefixes)})
+    out = {}
+    for key in keys:
+        values = [log[key] for log in log_history if log.get(key) is not None][-last:]
+        if values:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: ModelConfig) -> dict:
+    ################
+    # Checks and output dir (everything that can be wrong fails here, before any model is loaded)
+    ################
+    output_dir, checkpoint = prepare_output_dir(script_args, training_args, STAGE)
+    configure_device(training_args)
+    check_model_path(model_args.model_name_or_path)
+    reward_funcs = check_arguments(script_args, training_args)
+    try:
+        dataset, task_index = task_prompt_dataset(script_args.tasks_dir, script_args.task_limit)
+    except (TaskError, RolloutError) as e:
+        fail(f"tasks_dir {script_args.tasks_dir}: {e}")
+    # vLLM generates one turn per call: its completion budget is the per-turn budget.
+    training_args.max_completion_length = script_args.max_new_tokens
+    tokenizer = load_tokenizer(model_args.model_name_or_path)
+
+    ################
+    # Model, rollout, W&B, trainer
+    ################
+    model = load_model(model_args, training_args)
+    rollout = AgentRollout(task_index, tokenizer, rollout_config(script_args, training_args), output_dir)
+    config = resolved_config(script_args, training_args, model_args)
+    facts = {"stage": STAGE, "git_commit": git_commit(), "tasks": len(dataset)}
+    save_config(output_dir, config, facts)
+    wandb_run = init_wandb(training_args, run=script_args.run, stage=STAGE, output_dir=output_dir,
+                           config={**config, **facts}, manifest_path=Path(script_args.tasks_dir).parent / "manifest.json")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
+    trainer = AgentGRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,  # explicit: AutoTokenizer may re-type a custom tokenizer (pitfall 3)
+        peft_config=peft_config(model_args),
+        rollout_func=rollout,
+        dominance_threshold=script_args.dominance_threshold,
+    )
+    print0(f"[rl] {len(dataset)} tasks from {script_args.tasks_dir}; {training_args.num_generations} episodes per "
+           f"task, {training_args.per_device_train_batch_size} per step; rewards "
+           f"{dict(zip(script_args.reward_funcs, trainer.reward_weights.tolist()))}; "
+           f"rollout workers {script_args.rollout_workers} ({script_args.generation_backend})")
+
+    ################
+    # Train, save
+    ################
+    started = time.perf_counter()
+    try:
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+    finally:
+        rollout.close()
+    train_seconds = time.perf_counter() - started
+    save_final_model(trainer.model, tokenizer, output_dir)
+    history = trainer.state.log_history
+    steps_run = trainer.state.global_step - (int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0)
+    metrics = {"global_step": trainer.state.global_step, "train_loss": train_result.training_loss,
+               "train_seconds": train_seconds, "seconds_per_step": train_seconds / steps_run if steps_run else 0.0}
+    first = {f"first/{k}": v for k, v in window_means(history[:5], ("reward", "rewards/", "behaviour/")).items()}
+    last = window_means(history, ("reward", "rewards/", "behaviour/", "timing/", "step_time", "exit/",
+                                  "advantage_share/", "rollout/"))
+    trainer.end()
+
+    write_model_card(
+        output_dir,
+        f"nanocomposer RL: {script_args.run}",
+        f"GRPO ({training_args.loss_type}, beta {training_args.beta}, {training_args.num_generations} episodes per "
+        f"task) of `{model_args.model_name_or_path}` on `{script_args.tasks_dir}` in the agent harness "
+        f"(max {script_args.max_turns} turns x {script_args.max_new_tokens} tokens; malformed "
+        f"{script_args.malformed_handling}, ask_user {script_args.ask_user_handling}, truncated episodes "
+        f"{script_args.truncated_episodes}{', LoRA merged' if model_args.use_peft else ''}). "
+        f"Git commit `{facts['git_commit']}`. Metrics: mean of the last 5 logged steps.",
+        {"Result": metrics, "Last steps": last, "First steps": first},
+    )
+    finish_wandb(wandb_run, {**{f"final/{k}": v for k, v in metrics.items()}, **{f"final/{k}": v for k, v in last.items()}})
+    print0(f"[rl] {metrics['global_step']} steps in {train_seconds:.0f} s ({metrics['seconds_per_step']:.1f} s/step); "
+           f"reward {last.get('reward', float('nan')):.3f}, solve rate {last.get('behaviour/solve_rate', 0.0):.1%}, "
+           f"env share {last.get('timing/env_share', float('nan')):.1%}; saved to {output_dir}")
+    return {**metrics, **last}
+
+
+def make_parser() -> RecipeParser:
+    return RecipeParser((RLScriptArguments, GRPOConfig, ModelConfig))
+
+
+if __name__ == "__main__":
+    main(*make_parser().parse_args_and_config())
