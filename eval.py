@@ -40,7 +40,7 @@ import yaml
 
 from env.episode import EpisodeConfig, Trajectory, run_episode
 from env.metrics import BOOTSTRAP_RESAMPLES, CATEGORIES, compare_paired, summarize
-from env.policies import POLICIES, get_policy
+from env.policies import POLICIES, get_policy, is_checkpoint_spec
 from env.task_sets import TaskSet, resolve_task_set
 from env.tasks import Task, TaskError
 
@@ -78,10 +78,9 @@ def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto")
     """A policy from its spec; a checkpoint path that is missing or broken fails naming the path."""
     if is_scripted(spec):
         return get_policy(spec)
-    path = Path(spec)
-    if not path.exists():
-        raise ValueError(f"policy {spec!r}: not a scripted policy ({', '.join(POLICIES)}, replay:FILE) and "
-                         f"no such checkpoint directory")
+    if not is_checkpoint_spec(spec):
+        raise ValueError(f"policy {spec!r}: not a scripted policy ({', '.join(POLICIES)}, replay:FILE), "
+                         f"a checkpoint directory or a hub id")
     from nanocomposer.policy import ModelPolicy, SamplingConfig  # lazy: scripted evals need no torch
 
     return ModelPolicy(spec, sampling=SamplingConfig(**{k: v for k, v in (sampling or {}).items()

@@ -147,7 +147,8 @@ def _token_stats(rows: list[dict], tokenizer_path: str) -> dict:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
-    lengths = sorted(len(tok.apply_chat_template(r["messages"], tools=json.loads(r["tools"]), tokenize=True))
+    lengths = sorted(len(tok.apply_chat_template(r["messages"], tools=json.loads(r["tools"]), tokenize=True,
+                                                 return_dict=False))
                      for r in rows)
     return {"mean": sum(lengths) / len(lengths), "p50": lengths[len(lengths) // 2],
             "p95": lengths[int(len(lengths) * 0.95)], "max": lengths[-1]}

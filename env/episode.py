@@ -71,7 +71,7 @@ class EpisodeConfig:
     max_tokens: int | None = None  # total completion tokens (known only for model policies)
     max_wall_s: float = 600.0
     max_malformed_turns: int = 3  # consecutive turns with malformed calls and no valid one
-    max_output_chars: int = 4000  # per tool result, head+tail kept with a note
+    max_output_chars: int = 2000  # per tool result, head+tail kept with a note (fits a small context)
     command_timeout_s: float = 30.0
     sandbox_backend: str = "auto"
     prompts_file: str = str(PROMPTS_FILE)

@@ -277,13 +277,21 @@ def _summary(task: Task, paths: list[str], symbols: list[str]) -> str:
 POLICIES = {"gold": GoldPolicy, "noop": NoopPolicy, "oracle": OraclePolicy}
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def is_checkpoint_spec(spec: str) -> bool:
+    """A local checkpoint path, or a Hugging Face hub id (`org/name`, resolved through the HF cache)."""
+    return Path(spec).exists() or bool(_HUB_ID.fullmatch(spec))
+
+
 def get_policy(spec: str, **kwargs):
     """A policy from its name: a registry name, `replay:FILE`, or a model directory."""
     if spec in POLICIES:
         return POLICIES[spec](**kwargs)
     if spec.startswith("replay:"):
         return ReplayPolicy(spec.split(":", 1)[1])
-    if Path(spec).exists():  # a checkpoint dir (model or PEFT adapter); a broken one raises ModelLoadError
+    if is_checkpoint_spec(spec):  # a checkpoint dir or hub id; a broken one raises ModelLoadError
         from nanocomposer.policy import ModelPolicy, SamplingConfig  # lazy: env/ stays torch-free
 
         return ModelPolicy(spec, sampling=SamplingConfig(**kwargs))

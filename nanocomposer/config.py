@@ -19,6 +19,8 @@ from pathlib import Path
 import yaml
 from trl import TrlParser
 
+from env.episode import EpisodeConfig
+
 
 def default_run_name() -> str:
     """A pipeline run name from the local date and time, e.g. `20260314-1502`."""
@@ -155,7 +157,7 @@ class RLScriptArguments(StageArguments):
     max_context: int | None = field(
         default=None, metadata={"help": "Context window for episodes (None: the model's max_position_embeddings)."})
     max_wall_s: float = field(default=120.0, metadata={"help": "Wall-clock budget per episode (seconds)."})
-    max_output_chars: int = field(default=4000, metadata={"help": "Per tool result (head and tail kept)."})
+    max_output_chars: int = field(default=EpisodeConfig.max_output_chars, metadata={"help": "Per tool result (head and tail kept)."})
     command_timeout_s: float = field(default=30.0, metadata={"help": "Per sandboxed command."})
     rollout_workers: int = field(
         default=2, metadata={"help": "Episode processes, each with a copy of the policy; 0: in the trainer process."})

@@ -193,6 +193,26 @@ def _load_adapter(path: Path, base_path: Path, where: str, device: str):
     return model.merge_and_unload()
 
 
+def resolve_checkpoint(spec) -> Path:
+    """A local path as is; a hub id (`Qwen/Qwen2.5-Coder-1.5B-Instruct`) -> its snapshot directory.
+
+    The snapshot comes from the HF cache (or the hub where reachable and HF_HUB_OFFLINE is unset),
+    so a hub model then goes through exactly the same checks as a local checkpoint.
+    """
+    from env.policies import is_checkpoint_spec
+
+    path = Path(spec)
+    if path.exists() or not is_checkpoint_spec(str(spec)):
+        return path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(spec)))
+    except Exception as e:
+        raise ModelLoadError(f"checkpoint {str(spec)!r}: not a local directory, and not loadable as a hub id "
+                             f"({type(e).__name__}: {e})") from e
+
+
 def load_model_and_tokenizer(path, device: str | None = None):
     """(model in eval mode on `device`, tokenizer) from a saved model directory or a PEFT adapter directory.
 
@@ -204,7 +224,7 @@ def load_model_and_tokenizer(path, device: str | None = None):
     """
     from transformers import AutoTokenizer
 
-    path = Path(path)
+    path = resolve_checkpoint(path)
     where = f"checkpoint {str(path)!r}"
     if not path.exists():
         raise ModelLoadError(f"{where}: no such file or directory")

@@ -358,3 +358,13 @@ def test_unimplemented_backend_is_refused():
 def test_sampling_config_rejects_bad_values(kwargs, says):
     with pytest.raises(ValueError, match=says):
         SamplingConfig(**kwargs)
+
+
+def test_uncached_hub_id_fails_clearly_offline(monkeypatch):
+    from env.policies import is_checkpoint_spec
+    from nanocomposer.policy import ModelLoadError, load_model_and_tokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert is_checkpoint_spec("Qwen/Qwen2.5-Coder-1.5B-Instruct") and not is_checkpoint_spec("gpt-9")
+    with pytest.raises(ModelLoadError, match="'nanocomposer-test/not-a-model': not a local directory"):
+        load_model_and_tokenizer("nanocomposer-test/not-a-model")
