@@ -29,7 +29,8 @@ $PY train_rl.py --config recipes/tiny/rl.yaml --run "$RUN" --model_name_or_path 
 
 stage "4. eval: base vs CPT vs SFT vs RL on the held-out test tasks"
 $PY eval.py --compare artifacts/base "runs/$RUN/cpt" "runs/$RUN/sft" "runs/$RUN/rl" \
-  --tasks factory:test --workers 2 --out-dir "runs/$RUN/eval" --run "$RUN" --wandb
+  --tasks factory:test --workers 2 --max-turns 8 --max-new-tokens 128 \
+  --out-dir "runs/$RUN/eval" --run "$RUN" --wandb
 
 echo; echo "== done in $(( ($(date +%s) - t0) / 60 )) min; report: runs/$RUN/eval/compare.md"
 cat "runs/$RUN/eval/compare.md"
