@@ -151,3 +151,21 @@ def test_parallel_edits_of_one_file_do_not_race(calc_task):
     text = (Path(traj.workspace) / "calc/ops.py").read_text()
     assert "return '-'" in text and "return '*'" in text
     remove_workspace(Path(traj.workspace))
+
+
+def test_compaction_hook_rewrites_the_context_before_each_turn(calc_task):
+    """Self-summarisation hook (off by default): the policy sees what the compactor returns."""
+    seen = []
+
+    class Recording(Scripted):
+        def act(self, messages, tools):
+            seen.append([m["role"] for m in messages])
+            return super().act(messages, tools)
+
+    def keep_prompt_only(messages):
+        return messages[:2] + [{"role": "user", "content": "Summary: tests were run."}] if len(messages) > 2 else messages
+
+    traj = run_episode(calc_task, Recording(call("run_tests"), call("submit", summary="x")),
+                       EpisodeConfig(compactor=keep_prompt_only))
+    assert seen == [["system", "user"], ["system", "user", "user"]]
+    assert traj.exit_status == "submitted" and EpisodeConfig().compactor is None
