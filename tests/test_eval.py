@@ -131,7 +131,7 @@ def test_bad_config_key_is_named(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("make, says", [
-    (lambda d: d / "runs" / "nope" / "sft", "no such checkpoint directory"),
+    (lambda d: d / "runs" / "nope" / "sft", "a checkpoint directory or a hub id"),
     (lambda d: (d / "empty").mkdir() or d / "empty", "no config.json"),
     (lambda d: ((d / "noweights").mkdir(), (d / "noweights" / "config.json").write_text('{"model_type": "llama"}'))
      and d / "noweights", "no weights"),
