@@ -223,6 +223,13 @@ def count(stats: Counter | None, key: str) -> None:
         stats[key] += 1
 
 
+def validated(spec: TaskSpec, stats: Counter | None) -> Validation:
+    """`validate`, with the verdict counted in `stats` ("accepted" or "rejected: <reason>")."""
+    check = validate(spec)
+    count(stats, "accepted" if check.ok else f"rejected: {check.reason}")
+    return check
+
+
 # ---------------------------------------------------------------------------------------------
 # Failure reports: the instruction of a bug-fix task reads like a user pasting test output.
 

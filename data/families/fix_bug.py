@@ -11,7 +11,15 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 
-from data.families.base import FailureReport, SourceProject, TaskSpec, count, parse_failure, task_id, validate
+from data.families.base import (
+    FailureReport,
+    SourceProject,
+    TaskSpec,
+    count,
+    parse_failure,
+    task_id,
+    validated,
+)
 from data.mutations import Mutation, enumerate_mutations
 from env.tasks import make_patch
 
@@ -80,12 +88,10 @@ def generate(project: SourceProject, rng: random.Random, max_tasks: int,
                   "function": mutation.function, "operator": mutation.operator, "lineno": mutation.lineno,
                   "mutation": mutation.description},
         )
-        check = validate(spec)
+        check = validated(spec, stats)
         if not check.ok:
-            count(stats, f"rejected: {check.reason}")
             continue
         spec.instruction = instruction(parse_failure(check.noop.output), path, mutation.function, rng)
         per_function[(path, mutation.function)] += 1
         made += 1
-        count(stats, "accepted")
         yield spec

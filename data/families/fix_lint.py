@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from data.families.base import SourceProject, TaskSpec, count, function_nodes, task_id, validate
+from data.families.base import SourceProject, TaskSpec, count, function_nodes, task_id, validated
 from env.tasks import make_patch
 
 FAMILY = "fix_lint"
@@ -250,10 +250,6 @@ def generate(project: SourceProject, rng: random.Random, max_tasks: int,
             meta={"family": FAMILY, "tier": project.tier, "project": project.name, "file": path,
                   "injections": injections},
         )
-        check = validate(spec)
-        if not check.ok:
-            count(stats, f"rejected: {check.reason}")
-            continue
-        made += 1
-        count(stats, "accepted")
-        yield spec
+        if validated(spec, stats).ok:
+            made += 1
+            yield spec

@@ -12,7 +12,7 @@ import random
 from collections import Counter
 from collections.abc import Iterator
 
-from data.families.base import SourceProject, TaskSpec, count, function_nodes, task_id, validate
+from data.families.base import SourceProject, TaskSpec, count, function_nodes, task_id, validated
 from env.tasks import make_patch
 
 FAMILY = "implement_function"
@@ -73,12 +73,11 @@ def _candidates(project: SourceProject, rng: random.Random) -> list[tuple[str, s
 
 def generate(project: SourceProject, rng: random.Random, max_tasks: int,
              stats: Counter | None = None) -> Iterator[TaskSpec]:
-    made, tried = 0, 0
+    made = 0
     tests_hint = "; the tests show the expected behaviour" if project.tier == "repo" else ""
-    for path, name, stubbed, documented in _candidates(project, rng):
+    for tried, (path, name, stubbed, documented) in enumerate(_candidates(project, rng)):
         if made >= max_tasks or tried >= CANDIDATES_PER_TASK * max_tasks:
             return
-        tried += 1
         count(stats, "candidates")
         repo = project.visible_repo({**project.files, path: stubbed})
         spec = TaskSpec(
@@ -91,10 +90,6 @@ def generate(project: SourceProject, rng: random.Random, max_tasks: int,
             gold_patch=make_patch(repo, project.visible_repo()),
             meta={"family": FAMILY, "tier": project.tier, "project": project.name, "file": path, "function": name},
         )
-        check = validate(spec)
-        if not check.ok:
-            count(stats, f"rejected: {check.reason}")
-            continue
-        made += 1
-        count(stats, "accepted")
-        yield spec
+        if validated(spec, stats).ok:
+            made += 1
+            yield spec

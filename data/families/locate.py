@@ -17,7 +17,7 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 
-from data.families.base import SourceProject, TaskSpec, count, task_id, validate
+from data.families.base import SourceProject, TaskSpec, count, task_id, validated
 
 FAMILY = "locate"
 CHECKER = "check_answer.py"
@@ -98,10 +98,6 @@ def generate(project: SourceProject, rng: random.Random, max_tasks: int,
             meta={"family": FAMILY, "tier": project.tier, "project": project.name, "symbol": name,
                   "gold_answer": path},
         )
-        check = validate(spec)
-        if not check.ok:
-            count(stats, f"rejected: {check.reason}")
-            continue
-        made += 1
-        count(stats, "accepted")
-        yield spec
+        if validated(spec, stats).ok:
+            made += 1
+            yield spec
