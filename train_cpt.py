@@ -25,12 +25,9 @@ from trl import ModelConfig
 from nanocomposer.common import (
     check_model_path,
     configure_device,
-    copy_manifest,
     document_separator_id,
     fail,
     finish_wandb,
-    git_commit,
-    init_wandb,
     load_model,
     load_splits,
     load_tokenizer,
@@ -39,9 +36,8 @@ from nanocomposer.common import (
     perplexity,
     prepare_output_dir,
     print0,
-    resolved_config,
-    save_config,
     save_final_model,
+    start_stage_run,
     write_model_card,
 )
 from nanocomposer.config import CPTScriptArguments, RecipeParser
@@ -99,12 +95,8 @@ def main(script_args: CPTScriptArguments, training_args: TrainingArguments, mode
 
         model = get_peft_model(model, lora)
 
-    config = resolved_config(script_args, training_args, model_args)
-    facts = {"stage": STAGE, "git_commit": git_commit(), "data": {"train": train_stats, "validation": eval_stats}}
-    save_config(output_dir, config, facts)
-    manifest = copy_manifest(script_args.dataset_path, output_dir)
-    wandb_run = init_wandb(training_args, run=script_args.run, stage=STAGE, output_dir=output_dir,
-                           config={**config, **facts}, manifest_path=manifest)
+    facts, wandb_run = start_stage_run(STAGE, script_args, training_args, model_args, output_dir,
+                                       {"train": train_stats, "validation": eval_stats}, script_args.dataset_path)
 
     trainer = PackedCausalLMTrainer(
         model=model,

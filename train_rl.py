@@ -36,16 +36,13 @@ from nanocomposer.common import (
     configure_device,
     fail,
     finish_wandb,
-    git_commit,
-    init_wandb,
     load_model,
     load_tokenizer,
     peft_config,
     prepare_output_dir,
     print0,
-    resolved_config,
-    save_config,
     save_final_model,
+    start_stage_run,
     write_model_card,
 )
 from nanocomposer.config import RecipeParser, RLScriptArguments
@@ -165,11 +162,8 @@ def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: 
     ################
     model = load_model(model_args, training_args)
     rollout = AgentRollout(task_index, tokenizer, rollout_config(script_args, training_args), output_dir)
-    config = resolved_config(script_args, training_args, model_args)
-    facts = {"stage": STAGE, "git_commit": git_commit(), "tasks": len(dataset)}
-    save_config(output_dir, config, facts)
-    wandb_run = init_wandb(training_args, run=script_args.run, stage=STAGE, output_dir=output_dir,
-                           config={**config, **facts}, manifest_path=Path(script_args.tasks_dir).parent / "manifest.json")
+    facts, wandb_run = start_stage_run(STAGE, script_args, training_args, model_args, output_dir,
+                                       {"tasks": len(dataset)}, Path(script_args.tasks_dir).parent)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
     trainer = AgentGRPOTrainer(
         model=model,

@@ -32,20 +32,16 @@ from trl import ModelConfig, SFTConfig, SFTTrainer
 from nanocomposer.common import (
     check_model_path,
     configure_device,
-    copy_manifest,
     fail,
     finish_wandb,
-    git_commit,
-    init_wandb,
     load_model,
     load_splits,
     load_tokenizer,
     peft_config,
     prepare_output_dir,
     print0,
-    resolved_config,
-    save_config,
     save_final_model,
+    start_stage_run,
     write_model_card,
 )
 from nanocomposer.config import RecipeParser, SFTScriptArguments
@@ -155,12 +151,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     if training_args.max_length and training_args.max_length > model.config.max_position_embeddings:
         print0(f"[sft] warning: max_length={training_args.max_length} exceeds the model's max_position_embeddings="
                f"{model.config.max_position_embeddings}: later positions are extrapolated by RoPE")
-    config = resolved_config(script_args, training_args, model_args)
-    facts = {"stage": STAGE, "git_commit": git_commit(), "data": lengths}
-    save_config(output_dir, config, facts)
-    manifest = copy_manifest(script_args.dataset_path, output_dir)
-    wandb_run = init_wandb(training_args, run=script_args.run, stage=STAGE, output_dir=output_dir,
-                           config={**config, **facts}, manifest_path=manifest)
+    facts, wandb_run = start_stage_run(STAGE, script_args, training_args, model_args, output_dir, lengths,
+                                       script_args.dataset_path)
     trainer = SFTTrainer(
         model=model,
         args=training_args,

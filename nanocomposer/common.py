@@ -298,6 +298,20 @@ def init_wandb(training_args, *, run: str, stage: str, output_dir: Path, config:
     return wandb_run
 
 
+def start_stage_run(stage: str, script_args, training_args, model_args, output_dir: Path, data: dict,
+                    data_dir: str | Path):
+    """Record what this run of a stage is, before training: the resolved config and facts (stage, git
+    commit, data) in `config.yaml`, the data manifest of `data_dir` copied beside the model, and the
+    W&B run (None when the recipe does not report to wandb). Returns (facts, wandb_run)."""
+    config = resolved_config(script_args, training_args, model_args)
+    facts = {"stage": stage, "git_commit": git_commit(), "data": data}
+    save_config(output_dir, config, facts)
+    manifest = copy_manifest(str(data_dir), output_dir)
+    wandb_run = init_wandb(training_args, run=script_args.run, stage=stage, output_dir=output_dir,
+                           config={**config, **facts}, manifest_path=manifest)
+    return facts, wandb_run
+
+
 def finish_wandb(wandb_run, summary: dict) -> None:
     if wandb_run is None:
         return
