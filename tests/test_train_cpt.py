@@ -174,3 +174,19 @@ def test_bad_model_path_fails_before_training(micro, tmp_path, bad):
 def test_missing_dataset_fails_clearly(micro, tmp_path):
     with pytest.raises(SystemExit, match="no dataset_dict.json"):
         train_cpt.main(*cpt_args(micro, tmp_path, "--dataset_path", str(tmp_path / "nowhere")))
+
+
+def test_lora_cpt_trains_and_saves_a_merged_checkpoint(micro, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    metrics = train_cpt.main(*cpt_args(micro, tmp_path, "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16",
+                                       "--lora_target_modules", "q_proj", "v_proj", "--learning_rate", "2e-2"))
+    assert metrics["final_eval_loss"] < metrics["initial_eval_loss"]
+    out = tmp_path / "t" / "cpt"
+    assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    base = AutoModelForCausalLM.from_pretrained(micro / "base")
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    layer, base_layer = merged.model.layers[0].self_attn, base.model.layers[0].self_attn
+    assert not torch.equal(layer.q_proj.weight, base_layer.q_proj.weight)  # adapted and merged
+    assert torch.equal(layer.k_proj.weight, base_layer.k_proj.weight)  # not a LoRA target: untouched
