@@ -112,7 +112,7 @@ def _episode_fields(episode) -> dict:
                 "wall_s": float(episode.get("wall_s") or 0.0)}
     return {"id": episode.task_id, "solved": bool(episode.solved), "exit_status": episode.exit_status,
             "turn_calls": [t["calls"] for t in episode.turns], "completion_tokens": episode.completion_tokens,
-            "wall_s": float(episode.wall_s)}
+            "wall_s": round(float(episode.wall_s), 3)}  # as records store it, so both summarize alike
 
 
 def turn_is_valid(calls: list[dict]) -> bool:
