@@ -9,8 +9,11 @@
 
 Task sets (env/task_sets.py): `samples`, `factory:<split>[/<family>][/<tier>]`, `humaneval[:N]` (external:
 reported beside ours, never trained on), or any task directory. Policies: gold | noop | oracle |
-replay:FILE | a checkpoint directory (from_pretrained or PEFT adapter; transformers generation, or vLLM on
-GPU once nanocomposer.policy implements that backend).
+replay:FILE | a checkpoint directory (from_pretrained or PEFT adapter) or hub id, generated with transformers
+or, on a GPU with vllm installed, vLLM (--backend; auto picks vllm there). The vllm backend runs all episodes in
+one process (one engine holds the GPU; --workers > 1 falls back to 1 with a warning), needs merged checkpoints
+(not adapters), and takes $NANOCOMPOSER_VLLM_GPU_MEMORY (default 0.85) of the GPU; it is tested against a fake
+vllm module on CPU and has not yet been run on a GPU by us.
 
 results.json: {"summary": {n, solved, solve_rate, solve_rate_ci95, pass@1..k, mean_turns, tool_calls,
 tool_call_validity, parallel_call_rate, malformed_calls, ask_user_rate, mean_completion_tokens,
@@ -59,23 +62,37 @@ def is_scripted(spec: str) -> bool:
 
 
 def resolve_backend(backend: str) -> str:
-    """`auto`: vLLM when nanocomposer.policy implements it, vllm is installed and a GPU is present."""
+    """The generation backend for checkpoint policies: `transformers` or `vllm`.
+
+    `auto`: vllm when torch sees a GPU and vllm imports (a broken vllm install warns and falls back);
+    `vllm` is returned as asked, and ModelPolicy fails with a one-line `BackendUnavailable` if it cannot run.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     if backend != "auto":
         return backend
-    from nanocomposer.policy import BACKENDS as implemented
+    import importlib.util
 
-    if "vllm" in implemented:
-        import importlib.util
+    import torch
 
-        import torch
+    if not (torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None):
+        return "transformers"
+    from nanocomposer.policy import BackendUnavailable, require_vllm
 
-        if torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None:
-            return "vllm"
-    return "transformers"
+    try:
+        require_vllm()
+    except BackendUnavailable as e:
+        print(f"eval.py: warning: --backend auto: {e}; generating with transformers", file=sys.stderr)
+        return "transformers"
+    return "vllm"
 
 
-def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto"):
-    """A policy from its spec; a checkpoint path that is missing or broken fails naming the path."""
+def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto", start_engine: bool = True):
+    """A policy from its spec; a checkpoint path that is missing or broken fails naming the path.
+
+    `start_engine=False` (vllm only) checks everything but starts no engine: `main` validates every policy
+    before running any, and a process can hold only one vLLM engine at a time.
+    """
     if is_scripted(spec):
         return get_policy(spec)
     if not is_checkpoint_spec(spec):
@@ -85,7 +102,20 @@ def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto")
 
     return ModelPolicy(spec, sampling=SamplingConfig(**{k: v for k, v in (sampling or {}).items()
                                                          if k in SAMPLING_KEYS and v is not None}),
-                       backend=resolve_backend(backend))
+                       backend=resolve_backend(backend), start_engine=start_engine)
+
+
+def single_process_workers(workers: int, specs: list[str], backend: str) -> int:
+    """`workers`, or 1 when a checkpoint policy generates with vLLM (warned about on stderr).
+
+    Each worker process would start its own engine, each claiming the GPU memory fraction it is given, so
+    they would not fit; one engine in one process serves the episodes one after another.
+    """
+    if workers > 1 and backend == "vllm" and any(not is_scripted(s) for s in specs):
+        print(f"eval.py: warning: --workers {workers} with the vllm backend: running episodes in 1 process "
+              "(each worker would start its own vLLM engine on the GPU)", file=sys.stderr)
+        return 1
+    return workers
 
 
 def seed_policy(policy, seed: int) -> None:
@@ -135,17 +165,26 @@ def evaluate(tasks: list[Task], policy_spec: str, config: EpisodeConfig, workers
     """
     from tqdm import tqdm
 
+    global _WORKER_POLICY
     sampling = dict(sampling or {})
     base_seed = int(sampling.pop("seed", 0) or 0)
+    if not is_scripted(policy_spec):
+        backend = resolve_backend(backend)
+        workers = single_process_workers(workers, [policy_spec], backend)
     t0 = time.perf_counter()
     jobs = [(str(t.root), config, base_seed + s) for t in tasks for s in range(samples)]
     bar = tqdm(total=len(jobs), desc=f"eval {policy_label(policy_spec)}", unit="episode", disable=not progress)
     results: list[Trajectory] = []
     if workers <= 1:
         _init_worker(policy_spec, sampling, None, backend)
-        for job in jobs:
-            results.append(_run_one(job))
-            bar.update()
+        try:
+            for job in jobs:
+                results.append(_run_one(job))
+                bar.update()
+        finally:  # a vLLM engine holds the GPU until closed: the next policy of a --compare needs it
+            if hasattr(_WORKER_POLICY, "close"):
+                _WORKER_POLICY.close()
+                _WORKER_POLICY = None
     else:  # one torch thread per worker: on 2 cores, two 1-thread workers beat one 2-thread worker
         threads = None if is_scripted(policy_spec) else 1
         with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
@@ -442,7 +481,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checkpoint policies)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-context", type=int, default=None, help="default: the model's position limit")
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="generation backend (checkpoint policies)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="generation backend for checkpoint policies: auto = vllm on a GPU with vllm installed, "
+                        "else transformers; vllm runs episodes in one process and reserves "
+                        "$NANOCOMPOSER_VLLM_GPU_MEMORY (default 0.85) of the GPU (tested on CPU against a fake "
+                        "vllm only, not yet on a GPU)")
     p.add_argument("--tasks-root", default=None, help="task factory output for factory:* ($NANOCOMPOSER_TASKS)")
     p.add_argument("--humaneval-dir", default=None, help="HumanEval task cache ($NANOCOMPOSER_HUMANEVAL)")
     p.add_argument("--bootstrap", type=int, default=BOOTSTRAP_RESAMPLES, help="resamples for difference intervals")
@@ -530,13 +573,17 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"--compare: two policies share a label ({labels}); labels are the paths' last two parts")
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "max_context": args.max_context, "seed": args.seed}
+    backend = args.backend
     try:
         task_sets = [resolve_task_set(s, tasks_root_dir=args.tasks_root, humaneval_dir=args.humaneval_dir)
                      for s in args.tasks]
-        for spec in specs:  # every policy must load before any episode runs
-            build_policy(spec, sampling, args.backend)
-    except (TaskError, ValueError, RuntimeError, OSError) as e:  # ModelLoadError is a RuntimeError
+        if any(not is_scripted(s) for s in specs):  # scripted-only evals need no torch
+            backend = resolve_backend(args.backend)
+        for spec in specs:  # every policy must load before any episode runs (a vLLM engine starts later, once)
+            build_policy(spec, sampling, backend, start_engine=False)
+    except (TaskError, ValueError, RuntimeError, OSError) as e:  # ModelLoadError, BackendUnavailable: RuntimeError
         return fail(str(e))
+    workers = single_process_workers(args.workers, specs, backend)
     if args.limit:
         task_sets = [dataclasses.replace(ts, tasks=ts.tasks[: args.limit]) for ts in task_sets]
     if args.samples > 1 and args.temperature == 0 and any(not is_scripted(s) for s in specs):
@@ -544,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     config = EpisodeConfig(max_turns=args.max_turns, max_tokens=args.max_tokens, max_wall_s=args.max_wall_s,
                            max_output_chars=args.max_output_chars)
-    run_kwargs = {"workers": args.workers, "sampling": sampling, "samples": args.samples, "backend": args.backend,
+    run_kwargs = {"workers": workers, "sampling": sampling, "samples": args.samples, "backend": backend,
                   "progress": not args.quiet}
     if args.policy:
         results = run_benchmark(task_sets, args.policy, config, **run_kwargs)

@@ -3,6 +3,7 @@
     policy = ModelPolicy("runs/tiny/sft")                      # a saved model directory
     policy = ModelPolicy("runs/tiny/sft-lora")                 # a PEFT adapter directory (base + adapter)
     policy = ModelPolicy(model, tokenizer, SamplingConfig(temperature=1.0, seed=3))   # RL: the live model
+    policy = ModelPolicy("runs/gpu/sft", backend="vllm")       # GPU: generation by a vLLM engine
     trajectory = run_episode(task, policy, EpisodeConfig())
 
 Each `act` renders the conversation with the tokenizer's chat template (tools included), generates
@@ -29,13 +30,22 @@ Choices, and why:
   of this policy object, turn number), inside `torch.random.fork_rng`, so the caller's global RNG
   (the RL trainer's) is untouched, and G rollouts of one task through one policy differ.
 - Context: a prompt longer than `max_context - max_new_tokens` raises `ContextOverflow` (see there).
-- `backend` is the seam for vLLM on GPU; only "transformers" is implemented.
+- `backend="vllm"` (GPU): the checkpoint directory is loaded by `vllm.LLM` (vLLM's own copy of the weights,
+  never torch's; the HF tokenizer still renders and decodes), and each turn is one token-in/token-out
+  `LLM.generate` call with a per-request seed and `logprobs_mode="processed_logprobs"`, so the Generation
+  contract above holds unchanged. vLLM needs a merged model: a PEFT adapter directory is refused with the
+  merge to run. Engine memory: `NANOCOMPOSER_VLLM_GPU_MEMORY` (fraction, default 0.85). The per-turn seed
+  makes samples repeatable up to GPU numerics (vLLM does not promise bitwise-equal logits across batch
+  shapes or prefix-cache hits), and they are not the transformers backend's samples. This path is tested
+  against a fake `vllm` module on CPU (tests/test_vllm_backend.py); we have not yet run it on a GPU.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +58,18 @@ MESSAGE_KEYS = ("role", "content", "name", "tool_calls")  # what the chat templa
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 ADAPTER_WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-BACKENDS = ("transformers",)
+BACKENDS = ("transformers", "vllm")
+VLLM_GPU_MEMORY_ENV = "NANOCOMPOSER_VLLM_GPU_MEMORY"  # fraction of the GPU's memory the vLLM engine may take
+DEFAULT_VLLM_GPU_MEMORY = 0.85
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams rejects temperatures above this
 
 
 class ModelLoadError(RuntimeError):
     """A checkpoint that cannot be used; the message names the path and what is wrong with it."""
+
+
+class BackendUnavailable(RuntimeError):
+    """The generation backend asked for cannot run here (vllm not installed, or failing to import)."""
 
 
 class ContextOverflow(RuntimeError):
@@ -213,6 +230,36 @@ def resolve_checkpoint(spec) -> Path:
                              f"({type(e).__name__}: {e})") from e
 
 
+def _locate_checkpoint(path) -> tuple[Path, str, Path | None, Path]:
+    """(checkpoint dir, how errors name it, base model dir of an adapter or None, tokenizer dir), all checked
+    short of loading weights; the shared first half of both loaders below."""
+    path = resolve_checkpoint(path)
+    where = f"checkpoint {str(path)!r}"
+    if not path.exists():
+        raise ModelLoadError(f"{where}: no such file or directory")
+    if not path.is_dir():
+        raise ModelLoadError(f"{where}: not a directory (a from_pretrained checkpoint is a directory)")
+    if (path / "adapter_config.json").is_file():
+        base_path = _adapter_base(path, where)
+        tokenizer_dir = path if any((path / f).is_file() for f in TOKENIZER_FILES) else base_path
+    else:
+        _check_model_dir(path)
+        base_path, tokenizer_dir = None, path
+    _check_tokenizer_dir(tokenizer_dir, where)  # before the (slower) weights
+    return path, where, base_path, tokenizer_dir
+
+
+def _load_tokenizer(tokenizer_dir: Path, where: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    except Exception as e:
+        raise ModelLoadError(f"{where}: tokenizer in {str(tokenizer_dir)!r} failed to load: {type(e).__name__}: {e}") from e
+    _check_tokenizer(tokenizer, where)
+    return tokenizer
+
+
 def load_model_and_tokenizer(path, device: str | None = None):
     """(model in eval mode on `device`, tokenizer) from a saved model directory or a PEFT adapter directory.
 
@@ -222,31 +269,81 @@ def load_model_and_tokenizer(path, device: str | None = None):
     tokenizer, or a tokenizer without a chat template or EOS token. An adapter's tokenizer is taken
     from the adapter directory when it has one, else from the base model's.
     """
-    from transformers import AutoTokenizer
-
-    path = resolve_checkpoint(path)
-    where = f"checkpoint {str(path)!r}"
-    if not path.exists():
-        raise ModelLoadError(f"{where}: no such file or directory")
-    if not path.is_dir():
-        raise ModelLoadError(f"{where}: not a directory (a from_pretrained checkpoint is a directory)")
+    path, where, base_path, tokenizer_dir = _locate_checkpoint(path)
     device = device or _default_device()
-    is_adapter = (path / "adapter_config.json").is_file()
-    if is_adapter:
-        base_path = _adapter_base(path, where)
-        tokenizer_dir = path if any((path / f).is_file() for f in TOKENIZER_FILES) else base_path
+    if base_path is not None:
+        model = _load_adapter(path, base_path, where, device)
     else:
-        _check_model_dir(path)
-        tokenizer_dir = path
-    _check_tokenizer_dir(tokenizer_dir, where)  # before the (slower) weights
-    model = _load_adapter(path, base_path, where, device) if is_adapter else _load_weights(path, where, device)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    except Exception as e:
-        raise ModelLoadError(f"{where}: tokenizer in {str(tokenizer_dir)!r} failed to load: {type(e).__name__}: {e}") from e
-    _check_tokenizer(tokenizer, where)
+        model = _load_weights(path, where, device)
+    tokenizer = _load_tokenizer(tokenizer_dir, where)
     _keep_only_stop_ids(model)
     return model.eval(), tokenizer
+
+
+def load_config_and_tokenizer(path) -> tuple[Path, object, list[int], object]:
+    """(checkpoint dir, model config, the eos ids its generation config stops on, tokenizer), no weights loaded.
+
+    For the vLLM backend, which loads the weights itself: the same checks as `load_model_and_tokenizer`
+    except the weights' contents (vLLM reports those). A PEFT adapter directory is refused: vLLM serves a
+    merged model, and merging here would mean loading the base with torch, the cost this path avoids.
+    """
+    from transformers import AutoConfig, GenerationConfig
+
+    path, where, base_path, tokenizer_dir = _locate_checkpoint(path)
+    if base_path is not None:
+        raise ModelLoadError(
+            f"{where}: is a PEFT adapter directory (base {str(base_path)!r}); the vllm backend needs a merged "
+            f"model. Merge it once: peft.AutoPeftModelForCausalLM.from_pretrained({str(path)!r})"
+            ".merge_and_unload().save_pretrained(OUT), save the tokenizer into OUT, and evaluate OUT; or use "
+            "--backend transformers, which merges in memory")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:
+        raise ModelLoadError(f"{where}: config.json failed to load: {type(e).__name__}: {e}") from e
+    # What transformers' generate would stop on: generation_config.json, else the model config (as from_pretrained).
+    if (path / "generation_config.json").is_file():
+        try:
+            generation_config = GenerationConfig.from_pretrained(path)
+        except Exception as e:
+            raise ModelLoadError(f"{where}: generation_config.json failed to load: {type(e).__name__}: {e}") from e
+    else:
+        generation_config = GenerationConfig.from_model_config(config)
+    return path, config, _as_id_list(generation_config.eos_token_id), _load_tokenizer(tokenizer_dir, where)
+
+
+def _as_id_list(ids) -> list[int]:
+    return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+
+
+def require_vllm():
+    """The `vllm` module, or `BackendUnavailable` with a one-line reason (it is a GPU-only install here)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise BackendUnavailable("the vllm backend needs the vllm package, which is not installed (it runs on an "
+                                 "NVIDIA GPU: pip install vllm there); use --backend transformers or auto")
+    try:
+        import vllm
+    except Exception as e:  # a broken install (CUDA/torch mismatch) fails here, not deep inside generation
+        raise BackendUnavailable(f"vllm is installed but failed to import: {type(e).__name__}: {e}") from e
+    return vllm
+
+
+def resolve_vllm_gpu_memory(value: float | None = None) -> float:
+    """The engine's gpu_memory_utilization: `value`, else $NANOCOMPOSER_VLLM_GPU_MEMORY, else 0.85; in (0, 1]."""
+    where = "ModelPolicy(vllm_gpu_memory=...)"
+    if value is None:
+        raw = os.environ.get(VLLM_GPU_MEMORY_ENV)
+        if raw is None or not raw.strip():
+            return DEFAULT_VLLM_GPU_MEMORY
+        where = f"${VLLM_GPU_MEMORY_ENV}={raw!r}"
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"{where}: not a number (a fraction of GPU memory, e.g. 0.85)") from None
+    if not 0 < value <= 1:
+        raise ValueError(f"{where}: must be a fraction of GPU memory in (0, 1], got {value}")
+    return value
 
 
 def _keep_only_stop_ids(model) -> None:
@@ -280,50 +377,102 @@ class ModelPolicy:
     an already-loaded model, in which case `tokenizer` is required and the model is used where it is
     (not moved, not copied: RL generates with the weights it is training; its train/eval mode is
     restored after each turn).
+
+    `backend="vllm"` takes a checkpoint directory only (vLLM loads its own copy of the weights): `self.model`
+    is None and `self.llm` is the `vllm.LLM` engine, started here unless `start_engine=False`, which runs every
+    check (vllm importable, checkpoint, tokenizer, context, temperature) without taking the GPU; eval.py uses it
+    to validate all policies before running any, since one process can hold only one engine. `close()` releases
+    the engine. `vllm_gpu_memory` overrides $NANOCOMPOSER_VLLM_GPU_MEMORY (see `resolve_vllm_gpu_memory`).
     """
 
     def __init__(self, path_or_model, tokenizer=None, sampling: SamplingConfig | None = None,
-                 device: str | None = None, *, backend: str = "transformers", name: str | None = None):
+                 device: str | None = None, *, backend: str = "transformers", name: str | None = None,
+                 start_engine: bool = True, vllm_gpu_memory: float | None = None):
         if backend not in BACKENDS:
-            raise ValueError(f"ModelPolicy backend {backend!r} is not implemented (available: {', '.join(BACKENDS)}; "
-                             "vLLM generation is planned behind this argument)")
+            raise ValueError(f"ModelPolicy backend {backend!r} is not implemented (available: {', '.join(BACKENDS)})")
         self.backend = backend
         self.sampling = sampling or SamplingConfig()
-        if isinstance(path_or_model, (str, Path)):
+        self.llm = None
+        configured_eos: list[int] = []
+        if backend == "vllm":
+            if not isinstance(path_or_model, (str, Path)):
+                raise ValueError(f"ModelPolicy(backend='vllm'): give a checkpoint directory, not a "
+                                 f"{type(path_or_model).__name__}: vLLM loads its own copy of the weights")
+            if self.sampling.temperature > VLLM_MAX_TEMPERATURE:
+                raise ValueError(f"ModelPolicy(backend='vllm'): temperature {self.sampling.temperature} is above "
+                                 f"vLLM's limit of {VLLM_MAX_TEMPERATURE}")
+            gpu_memory = resolve_vllm_gpu_memory(vllm_gpu_memory)
+            require_vllm()
+            path, config, configured_eos, loaded_tokenizer = load_config_and_tokenizer(path_or_model)
+            self.model, self.device, self.owns_model = None, None, True
+            self.name = name or str(path_or_model)
+        elif isinstance(path_or_model, (str, Path)):
             self.model, loaded_tokenizer = load_model_and_tokenizer(path_or_model, device)
-            if tokenizer is not None:
-                _check_tokenizer(tokenizer, f"tokenizer given for {str(path_or_model)!r}")
-            self.tokenizer = tokenizer or loaded_tokenizer
             self.owns_model = True
             self.name = name or str(path_or_model)
         else:
             if tokenizer is None:
                 raise ValueError("ModelPolicy(model): pass the tokenizer too when giving an already-loaded model")
             _check_tokenizer(tokenizer, f"tokenizer of {type(path_or_model).__name__}")
-            self.model, self.tokenizer = path_or_model, tokenizer
+            self.model, loaded_tokenizer = path_or_model, tokenizer
             if device is not None:
                 self.model.to(device)
             self.owns_model = False
             self.name = name or f"model:{getattr(self.model.config, '_name_or_path', '') or type(self.model).__name__}"
-        self.device = next(self.model.parameters()).device
-        self.max_context = self.sampling.max_context or getattr(self.model.config, "max_position_embeddings", None)
+        if tokenizer is not None and self.owns_model:
+            _check_tokenizer(tokenizer, f"tokenizer given for {str(path_or_model)!r}")
+        self.tokenizer = tokenizer or loaded_tokenizer
+        if self.model is not None:
+            self.device = next(self.model.parameters()).device
+            config = self.model.config
+            configured_eos = _as_id_list(self.model.generation_config.eos_token_id)
+        self.max_context = self.sampling.max_context or getattr(config, "max_position_embeddings", None)
         if not self.max_context:
-            raise ValueError(f"ModelPolicy: {type(self.model.config).__name__} has no max_position_embeddings; "
+            raise ValueError(f"ModelPolicy: {type(config).__name__} has no max_position_embeddings; "
                              "set SamplingConfig.max_context")
         if self.max_context <= self.sampling.max_new_tokens:
             raise ValueError(f"ModelPolicy: max_context {self.max_context} leaves no room for a prompt with "
                              f"max_new_tokens={self.sampling.max_new_tokens}")
-        self.stop_ids = self._stop_ids()
+        # The tokenizer's EOS (`<|im_end|>`, ends a turn) plus whatever the checkpoint also stops on.
+        self.stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *configured_eos]))
         self.episode = -1
         self.task_id = ""
         self.turn = 0
         self.stats = {"turns": 0, "prompt_tokens": 0, "completion_tokens": 0, "gen_s": 0.0}
+        if backend == "vllm" and start_engine:
+            self.llm = self._start_vllm(path, gpu_memory)
 
-    def _stop_ids(self) -> list[int]:
-        """The tokenizer's EOS (`<|im_end|>`, ends a turn) plus whatever the checkpoint also stops on."""
-        configured = self.model.generation_config.eos_token_id
-        configured = [] if configured is None else [configured] if isinstance(configured, int) else list(configured)
-        return list(dict.fromkeys([self.tokenizer.eos_token_id, *configured]))
+    def _start_vllm(self, path: Path, gpu_memory: float):
+        """The engine, with the settings the Generation contract depends on (see the module docstring)."""
+        from vllm import LLM
+
+        try:
+            return LLM(model=str(path), tokenizer=str(path), dtype="auto", seed=self.sampling.seed,
+                       max_model_len=self.max_context, enable_prefix_caching=True,
+                       gpu_memory_utilization=gpu_memory,
+                       # the log-probs of the distribution sampled from (after temperature and top-p), which
+                       # TRL's importance-sampling correction expects; vLLM's default is the raw model's
+                       logprobs_mode="processed_logprobs")
+        except Exception as e:  # no GPU, out of memory, an architecture vLLM lacks: name the checkpoint
+            raise ModelLoadError(f"checkpoint {str(path)!r}: the vLLM engine failed to start: "
+                                 f"{type(e).__name__}: {e}") from e
+
+    def close(self) -> None:
+        """Release the vLLM engine and its GPU memory (no-op for transformers), so another engine can start.
+
+        vLLM frees the GPU when its engine-core process exits: `LLM.shutdown()` where the installed vLLM has
+        it, else the engine core's own `shutdown()`; then the last reference is dropped.
+        """
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        shutdown = getattr(llm, "shutdown", None)
+        if not callable(shutdown):
+            shutdown = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del llm, shutdown
+        gc.collect()
 
     def reset(self, task) -> None:
         self.episode += 1
@@ -356,9 +505,9 @@ class ModelPolicy:
                           truncated=not stopped)
 
     def _generate(self, prompt_ids: list[int], seed: int) -> tuple[list[int], list[float]]:
-        if self.backend == "transformers":
-            return self._generate_transformers(prompt_ids, seed)
-        raise AssertionError(f"unreachable backend {self.backend!r}")  # rejected in __init__
+        if self.backend == "vllm":
+            return self._generate_vllm(prompt_ids, seed)
+        return self._generate_transformers(prompt_ids, seed)
 
     def _generation_config(self):
         from transformers import GenerationConfig
@@ -396,3 +545,32 @@ class ModelPolicy:
         scores = torch.stack(out.scores, dim=0)[:, 0, :].float()  # (new tokens, vocab), processed
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, completion[:, None]).squeeze(-1)
         return completion.tolist(), logprobs.tolist()
+
+    def _generate_vllm(self, prompt_ids: list[int], seed: int) -> tuple[list[int], list[float]]:
+        """One request, tokens in and tokens out; every decoding knob set, so no saved default applies.
+
+        vLLM returns `RequestOutput.outputs[0].token_ids` (the stop token included when one ended the turn)
+        and, with `logprobs=0`, `.logprobs`: one `{token_id: Logprob}` dict per position holding the sampled
+        token (vllm/outputs.py CompletionOutput, vllm/logprobs.py SampleLogprobs).
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if self.llm is None:
+            raise RuntimeError(f"ModelPolicy {self.name!r}: the vLLM engine is not running "
+                               "(built with start_engine=False, or closed)")
+        s = self.sampling
+        params = SamplingParams(
+            max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=0, min_p=0.0,
+            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, seed=seed, logprobs=0,
+            stop_token_ids=list(self.stop_ids),
+            detokenize=False)  # `act` decodes with the HF tokenizer, special tokens kept
+        (request,) = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], sampling_params=params,
+                                       use_tqdm=False)
+        completion = request.outputs[0]
+        ids = [int(t) for t in completion.token_ids]
+        steps = completion.logprobs
+        if steps is None or len(steps) != len(ids) or any(t not in step for t, step in zip(ids, steps)):
+            raise RuntimeError(f"vLLM returned {len(ids)} tokens but not the log-prob of every sampled one "
+                               f"({'none' if steps is None else len(steps)} positions)")
+        return ids, [float(step[t].logprob) for t, step in zip(ids, steps)]

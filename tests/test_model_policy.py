@@ -344,9 +344,9 @@ def test_live_model_is_used_in_place_and_its_mode_restored(checkpoints, calc_tas
     assert len(gen.completion_ids) == len(gen.logprobs) >= 1
 
 
-def test_unimplemented_backend_is_refused():
-    with pytest.raises(ValueError, match="backend 'vllm' is not implemented"):
-        ModelPolicy("unused", backend="vllm")
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="backend 'sglang' is not implemented"):
+        ModelPolicy("unused", backend="sglang")
 
 
 @pytest.mark.parametrize("kwargs, says", [
