@@ -91,11 +91,11 @@ def distribution(trajs: list[Trajectory]) -> dict:
 
 
 def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, limit: int | None,
-          tokenizer_path: str | None = None, overwrite: bool = False) -> dict:
+          tokenizer_path: str | None = None, overwrite: bool = False, val_tasks: int | None = None) -> dict:
     import datasets
     from tqdm import tqdm
 
-    from data.common import environment_info, prepare_output_dir, sha256_file, write_manifest
+    from data.common import environment_info, prepare_output_dir, sha256_file, spread_subset, write_manifest
 
     t0 = time.perf_counter()
     if out.is_dir() and any(out.iterdir()) and not overwrite:  # fail before the episodes, not after
@@ -109,6 +109,8 @@ def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, li
         if not path.is_dir():
             continue
         tasks = load_task_set(path)[:limit] if limit else load_task_set(path)
+        if split == "validation" and val_tasks:  # a loss curve needs few; the held-out split may be large
+            tasks = spread_subset(tasks, val_tasks)
         jobs = [(str(t.root), seed + v, config) for t in tasks for v in range(variants)]
         rows, kept, dropped = [], [], Counter()
         with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -135,6 +137,7 @@ def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, li
     dataset.save_to_disk(str(out / "dataset"))
     (out / "bad_examples.json").write_text(json.dumps(bad_examples(random.Random(seed)), indent=1))
     manifest = {"builder": "data.build_sft", "tasks": str(tasks_dir), "variants": variants, "seed": seed,
+                "val_tasks": val_tasks,
                 "splits": stats, "sha256": {split: sha256_file(f) for split in result
                                             for f in sorted((out / "dataset" / split).glob("*.arrow"))[:1]},
                 "environment": environment_info("datasets", "transformers"),
@@ -162,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--limit", type=int, default=None, help="at most N tasks per split")
+    p.add_argument("--val-tasks", type=int, default=None,
+                   help="at most N validation tasks, evenly spaced over the val split (loss curve only)")
     p.add_argument("--tokenizer", default=None, help="count tokens with this tokenizer's chat template")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier output at --out")
     args = p.parse_args(argv)
@@ -171,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--variants and --workers must be >= 1")
     try:
         manifest = build(Path(args.tasks), Path(args.out), args.variants, args.seed, args.workers, args.limit,
-                         args.tokenizer, args.overwrite)
+                         args.tokenizer, args.overwrite, args.val_tasks)
     except (TaskError, ValueError) as e:
         print(f"build_sft: error: {e}", file=sys.stderr)
         return 2

@@ -2,7 +2,7 @@
 
     python -m data.build_tasks --out artifacts/data/tasks --projects data/projects \\
         --families fix_bug,implement_function,fix_lint,locate --per-project 20 --seed 0 \\
-        [--stdlib] [--validate] [--workers 2]
+        [--per-family locate=8] [--held-out-per-project 12] [--stdlib] [--validate] [--workers 2]
 
 Output:
     out/<split>/<task_id>/   task directories in the public format (env/tasks.py)
@@ -15,6 +15,11 @@ Splits are by *source project*: train, val and test never share one, so held-out
 measure generalisation to unseen code, not memory of it. Each candidate is validated when it
 is made (the untouched repo fails grading, the reference solution passes); `--validate`
 additionally runs whole episodes with the `gold` and `noop` policies through the harness.
+
+How many tasks each (project, family) unit makes, at most: `--per-project`, or the family's entry in
+`--per-family` (a curriculum knob: e.g. more `locate` questions, which a small model can learn to
+answer first); for val/test projects `--held-out-per-project` when given, so the held-out splits can
+be made large enough for tight intervals (>= 100 tasks) without growing the training data.
 """
 
 from __future__ import annotations
@@ -225,7 +230,8 @@ def build(args: argparse.Namespace) -> dict:
     seconds_by_family: Counter = Counter()
     written: list[Path] = []
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
-        futures = {pool.submit(_build_unit, p, f, args.per_project, args.seed): (p, f) for p, f in units}
+        futures = {pool.submit(_build_unit, p, f, unit_size(args, split_of[p.name], f), args.seed): (p, f)
+                   for p, f in units}
         bar = progress(as_completed(futures), desc="projects x families", total=len(units), unit="unit")
         for future in bar:
             project, family = futures[future]
@@ -281,6 +287,25 @@ def save_dataset(tasks_by_split: dict[str, list[Task]], dest: Path) -> None:
     DatasetDict({s: Dataset.from_list(r, features=features) for s, r in rows.items()}).save_to_disk(str(dest))
 
 
+def unit_size(args: argparse.Namespace, split: str, family: str) -> int:
+    """At most how many tasks one project of `split` makes for `family` (see the module docstring)."""
+    if split != "train" and args.held_out_per_project:
+        return args.held_out_per_project
+    return args.per_family.get(family, args.per_project)
+
+
+def parse_per_family(text: str) -> dict[str, int]:
+    """`locate=8,fix_bug=4` -> {"locate": 8, "fix_bug": 4}; ValueError naming the bad entry."""
+    sizes = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        family, sep, number = entry.partition("=")
+        if not sep or family.strip() not in FAMILIES or not number.strip().isdigit() or int(number) < 1:
+            raise ValueError(f"--per-family entry {entry!r}: expected FAMILY=N with N >= 1 and FAMILY one of "
+                             f"{', '.join(FAMILIES)}")
+        sizes[family.strip()] = int(number)
+    return sizes
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -289,6 +314,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", default="", help="comma-separated project names (default: all)")
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--per-project", type=int, default=20, help="tasks per project and family (at most)")
+    parser.add_argument("--per-family", default="", help="per-family sizes that replace --per-project, "
+                        "e.g. locate=8,fix_bug=4")
+    parser.add_argument("--held-out-per-project", type=int, default=0,
+                        help="tasks per project and family in val/test (default: as in train)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stdlib", action="store_true", help="also use stdlib modules with their Lib/test tests")
     parser.add_argument("--stdlib-modules", default=",".join(STDLIB_MODULES))
@@ -296,8 +325,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier output in --out")
     args = parser.parse_args(argv)
-    if args.per_project < 1 or args.workers < 1:
-        parser.error("--per-project and --workers must be >= 1")
+    if args.per_project < 1 or args.workers < 1 or args.held_out_per_project < 0:
+        parser.error("--per-project and --workers must be >= 1, --held-out-per-project >= 0")
+    try:
+        args.per_family = parse_per_family(args.per_family)
+    except ValueError as e:
+        parser.error(str(e))
     return args
 
 

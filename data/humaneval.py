@@ -210,13 +210,6 @@ def ensure_humaneval(cache: Path) -> Path:
     return cache
 
 
-def spread_subset(items: list, n: int) -> list:
-    """`n` items evenly spaced over `items` (deterministic; covers the whole benchmark, not its start)."""
-    if n >= len(items):
-        return list(items)
-    return [items[(i * len(items)) // n] for i in range(n)]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="artifacts/data/humaneval")

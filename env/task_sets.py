@@ -78,7 +78,8 @@ def _factory(spec: str, root: Path) -> TaskSet:
 
 
 def _humaneval(spec: str, cache: Path) -> TaskSet:
-    from data.humaneval import ensure_humaneval, spread_subset
+    from data.common import spread_subset
+    from data.humaneval import ensure_humaneval
 
     count = spec.split(":", 1)[1] if ":" in spec else ""
     if count and not (count.isdigit() and int(count) > 0):

@@ -17,6 +17,7 @@ from data.build_tasks import (
     parse_args,
     row_from_task,
     task_from_row,
+    unit_size,
 )
 from data.families import FAMILIES
 from data.families.base import SourceProject, load_projects, parse_failure
@@ -48,6 +49,24 @@ def test_splits_are_disjoint_complete_nonempty_and_deterministic():
 def test_too_few_projects_for_three_splits_is_an_error():
     with pytest.raises(ValueError, match="at least 3 source projects"):
         assign_splits([_project("a"), _project("b")], seed=0)
+
+
+def test_unit_sizes_per_family_and_held_out():
+    args = parse_args(["--per-project", "2", "--per-family", "locate=8, fix_bug=3", "--held-out-per-project", "12"])
+    assert args.per_family == {"locate": 8, "fix_bug": 3}
+    assert unit_size(args, "train", "locate") == 8
+    assert unit_size(args, "train", "fix_bug") == 3
+    assert unit_size(args, "train", "fix_lint") == 2
+    assert unit_size(args, "val", "locate") == unit_size(args, "test", "fix_lint") == 12
+    plain = parse_args(["--per-project", "2"])
+    assert [unit_size(plain, s, "locate") for s in ("train", "val", "test")] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("bad", ["locate", "locate=0", "nosuch=3", "locate=x"])
+def test_bad_per_family_entries_are_named(bad, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--per-family", bad])
+    assert repr(bad) in capsys.readouterr().err
 
 
 def test_split_leakage_is_detected(tmp_path):
