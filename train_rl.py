@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from pathlib import Path
 
 from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
@@ -52,6 +51,7 @@ from nanocomposer.rollout import (
     RolloutConfig,
     RolloutError,
     advantage_shares,
+    resolve_training_tasks,
     task_prompt_dataset,
 )
 
@@ -150,7 +150,8 @@ def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: 
     check_model_path(model_args.model_name_or_path)
     reward_funcs = check_arguments(script_args, training_args)
     try:
-        dataset, task_index = task_prompt_dataset(script_args.tasks_dir, script_args.task_limit)
+        tasks, tasks_source = resolve_training_tasks(script_args.tasks_dir, script_args.task_limit)
+        dataset, task_index = task_prompt_dataset(tasks)
     except (TaskError, RolloutError) as e:
         fail(f"tasks_dir {script_args.tasks_dir}: {e}")
     # vLLM generates one turn per call: its completion budget is the per-turn budget.
@@ -163,7 +164,7 @@ def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: 
     model = load_model(model_args, training_args)
     rollout = AgentRollout(task_index, tokenizer, rollout_config(script_args, training_args), output_dir)
     facts, wandb_run = start_stage_run(STAGE, script_args, training_args, model_args, output_dir,
-                                       {"tasks": len(dataset)}, Path(script_args.tasks_dir).parent)
+                                       {"tasks": len(dataset)}, tasks_source)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
     trainer = AgentGRPOTrainer(
         model=model,

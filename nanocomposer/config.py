@@ -124,7 +124,8 @@ class RLScriptArguments(StageArguments):
 
     tasks_dir: str = field(
         default="artifacts/data/tasks/train",
-        metadata={"help": "Task set to train on (a task-factory split directory, searched recursively)."},
+        metadata={"help": "Tasks to train on: a task directory (searched recursively) or task-set names "
+                          "(env/task_sets.py), comma-separated for a mix, e.g. factory:train/locate,factory:train/micro."},
     )
     task_limit: int | None = field(default=None, metadata={"help": "Use only the first N tasks (sorted by id)."})
     reward_funcs: list[str] = field(

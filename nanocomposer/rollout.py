@@ -55,7 +55,7 @@ import torch
 
 from env.episode import EpisodeConfig, ExitStatus, Trajectory, initial_messages, load_prompts, run_episode
 from env.rewards import episode_facts
-from env.tasks import Task, load_task, load_task_set
+from env.tasks import Task, TaskError, load_task
 from env.workspace import make_workspace, remove_workspace
 from nanocomposer.policy import ModelPolicy, SamplingConfig
 
@@ -75,16 +75,43 @@ def prompt_key(messages: list[dict]) -> str:
     return json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
 
 
-def task_prompt_dataset(tasks_dir: str | Path, limit: int | None = None, prompts_file: str | None = None):
-    """(datasets.Dataset of {prompt, task_dir, task_id}, {prompt_key: task_dir}) for the tasks under `tasks_dir`.
+def resolve_training_tasks(spec: str | Path, limit: int | None = None) -> tuple[list[Task], Path]:
+    """(tasks, the directory whose manifest describes them) for a task directory or task-set names.
 
-    `prompt` is the episode's initial messages (`env.episode.initial_messages`, what run_episode shows the
-    model first); TRL only passes prompts to `rollout_func`, so the index maps each prompt back to its task.
-    Two tasks with the same prompt would be indistinguishable to the model and to the index: an error.
+    `spec` is anything `env.task_sets.resolve_task_set` takes (a directory, `factory:train`,
+    `factory:train/locate`, ...), or several joined by commas: a curriculum mix such as
+    `factory:train/locate,factory:train/micro`. A task named by two parts of a mix is used once.
+    """
+    from env.task_sets import resolve_task_set
+
+    tasks, seen, sources = [], set(), []
+    for part in filter(None, (p.strip() for p in str(spec).split(","))):
+        task_set = resolve_task_set(part)
+        if task_set.kind != "harness":  # external benchmarks are reported, never trained on
+            raise TaskError(f"task set {part!r} is an external benchmark ({task_set.label}): never train on it")
+        sources.append(Path(task_set.source))
+        for task in sorted(task_set.tasks, key=lambda t: t.id):
+            if task.root not in seen:
+                seen.add(task.root)
+                tasks.append(task)
+    if not sources:
+        raise TaskError("no task set given")
+    # the factory root (holding manifest.json) when every part comes from one build, else the first source
+    roots = {s.parent if (s.parent / "manifest.json").is_file() else s for s in sources}
+    return tasks[:limit], roots.pop() if len(roots) == 1 else sources[0]
+
+
+def task_prompt_dataset(tasks: str | Path | list[Task], limit: int | None = None, prompts_file: str | None = None):
+    """(datasets.Dataset of {prompt, task_dir, task_id}, {prompt_key: task_dir}) for a task set.
+
+    `tasks`: loaded tasks, or a task directory or task-set names (`resolve_training_tasks`). `prompt` is the
+    episode's initial messages (`env.episode.initial_messages`, what run_episode shows the model first);
+    TRL only passes prompts to `rollout_func`, so the index maps each prompt back to its task. Two tasks
+    with the same prompt would be indistinguishable to the model and to the index: an error.
     """
     from datasets import Dataset
 
-    tasks = load_task_set(tasks_dir)[:limit]
+    tasks = tasks[:limit] if isinstance(tasks, list) else resolve_training_tasks(tasks, limit)[0]
     prompts = load_prompts(prompts_file) if prompts_file else load_prompts()
     rows, index = [], {}
     for task in tasks:

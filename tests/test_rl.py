@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from env.episode import EpisodeConfig, Trajectory, run_episode
 from env.policies import GoldPolicy
+from env.tasks import TaskError
 from nanocomposer.model import build_model, build_tokenizer
 from nanocomposer.policy import MESSAGE_KEYS, ModelPolicy, SamplingConfig
 from nanocomposer.rollout import (
@@ -28,6 +29,7 @@ from nanocomposer.rollout import (
     advantage_shares,
     episode_sample,
     prompt_key,
+    resolve_training_tasks,
     task_prompt_dataset,
 )
 from tests.conftest import make_calc_task
@@ -215,6 +217,26 @@ def test_prompts_index_their_tasks_and_duplicates_fail(tasks, tmp_path):
     make_calc_task(tmp_path, "b")
     with pytest.raises(RolloutError, match="identical prompts"):
         task_prompt_dataset(tmp_path)
+
+
+def test_training_tasks_from_task_set_names_and_mixes(tmp_path, monkeypatch):
+    root = tmp_path / "factory"
+    for task_id, family in (("calc-a", "fix_bug"), ("calc-b", "locate"), ("calc-c", "fix_bug")):
+        task = make_calc_task(root / "train", task_id)
+        meta = json.loads((task.root / "task.json").read_text())
+        (task.root / "task.json").write_text(json.dumps({**meta, "instruction": f"{task_id}: fix add",
+                                                         "family": family}))
+    (root / "manifest.json").write_text("{}")
+    monkeypatch.setenv("NANOCOMPOSER_TASKS", str(root))
+    tasks, source = resolve_training_tasks("factory:train/locate, factory:train")  # a mix; calc-b once
+    assert [t.id for t in tasks] == ["calc-b", "calc-a", "calc-c"] and source == root
+    assert [t.id for t in resolve_training_tasks("factory:train/fix_bug", limit=1)[0]] == ["calc-a"]
+    dataset, _ = task_prompt_dataset("factory:train/locate")
+    assert dataset["task_id"] == ["calc-b"]
+    with pytest.raises(TaskError, match="nosuch"):
+        resolve_training_tasks("factory:train/nosuch")
+    with pytest.raises(TaskError, match="unknown task set"):
+        resolve_training_tasks(str(tmp_path / "missing"))
 
 
 def test_advantage_shares_name_the_component_that_separates_completions():
