@@ -118,6 +118,27 @@ def test_small_build_gold_solves_all_and_noop_none(small_build, tmp_path):
         assert result.solved, f"gold fails {task.id}: {result.output[-500:]}"
 
 
+def test_fix_lint_is_not_solved_by_noqa_comments(small_build, tmp_path):
+    out, _ = small_build
+    lint_tasks = [t for t in load_task_set(out) if t.meta["family"] == "fix_lint"]
+    assert lint_tasks
+    for task in lint_tasks:
+        files = {p.relative_to(task.repo_dir).as_posix(): p.read_text()
+                 for p in task.repo_dir.rglob("*.py")} | {"ruff.toml": (task.hidden_dir / "ruff.toml").read_text()}
+        flagged = ruff_diagnostics(files)
+        assert flagged
+        workspace = tmp_path / task.id
+        shutil.copytree(task.repo_dir, workspace)
+        for path in {d["filename"] for d in flagged}:
+            lines = (workspace / path).read_text().splitlines()
+            for row in {d["location"]["row"] for d in flagged if d["filename"] == path}:
+                lines[row - 1] += "  # noqa"
+            files[path] = "\n".join(lines) + "\n"
+            (workspace / path).write_text(files[path])
+        assert not ruff_diagnostics(files), "the noqa attack silences plain ruff (else this test proves nothing)"
+        assert not grade(task, workspace, "").solved, f"noqa comments solve {task.id}"
+
+
 def test_fix_bug_instruction_reads_like_a_report_not_a_mutation(small_build):
     out, _ = small_build
     for task in load_task_set(out):

@@ -27,7 +27,8 @@ from env.tasks import make_patch
 FAMILY = "fix_lint"
 CANDIDATES_PER_TASK = 3
 MAX_INJECTIONS = 3
-LINT_COMMAND = "ruff check --no-cache ."
+# --ignore-noqa: a noqa comment silences ruff but fixes nothing, so it must not pass the grader
+LINT_COMMAND = "ruff check --no-cache --ignore-noqa ."
 
 _TEMPLATES = (
     ("The lint step fails (`ruff check .`):\n\n```\n{report}\n```\n\nPlease fix these lint errors; the tests "
