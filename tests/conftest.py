@@ -28,3 +28,21 @@ def make_calc_task(dest: Path, task_id: str = "calc-add"):
 @pytest.fixture
 def calc_task(tmp_path):
     return make_calc_task(tmp_path)
+
+
+def save_micro_checkpoint(dest: Path, context: int = 4096) -> Path:
+    """An untrained micro model (vocab ~512, hidden 64, 2 layers) saved at `dest` like a pipeline stage."""
+    import sysconfig
+
+    import torch
+
+    from nanocomposer.model import build_model, build_tokenizer
+
+    torch.set_num_threads(1)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    tokenizer = build_tokenizer([(stdlib / f).read_text(encoding="utf-8") for f in ("json/encoder.py", "shlex.py")],
+                                512)
+    tokenizer.model_max_length = context
+    build_model(tokenizer, hidden=64, layers=2, heads=2, context=context, seed=0).save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    return dest

@@ -1,18 +1,15 @@
 """eval.py: the CLI (first form kept), samples and seeds, --config, --compare outputs, task sets, bad inputs."""
 
 import json
-import sysconfig
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import make_calc_task
+from conftest import make_calc_task, save_micro_checkpoint
 
 import eval as eval_py
 from env.episode import EpisodeConfig
 from env.task_sets import TaskSet, resolve_task_set
 from env.tasks import TaskError, load_task, write_task
-from nanocomposer.model import build_model, build_tokenizer
 
 FIRST_FORM_SUMMARY = {"n", "solved", "solve_rate", "mean_turns", "tool_calls", "parallel_call_rate",
                       "malformed_calls", "exit_statuses", "wall_s"}
@@ -23,16 +20,7 @@ MICRO = ["--max-turns", "2", "--max-new-tokens", "32", "--quiet"]
 @pytest.fixture(scope="session")
 def micro_checkpoint(tmp_path_factory) -> Path:
     """An untrained micro model (vocab ~512, hidden 64, 2 layers, context 4096) saved like a pipeline stage."""
-    torch.set_num_threads(1)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    tokenizer = build_tokenizer([(stdlib / f).read_text(encoding="utf-8") for f in ("json/encoder.py", "shlex.py")],
-                                512)
-    tokenizer.model_max_length = 4096
-    model = build_model(tokenizer, hidden=64, layers=2, heads=2, context=4096, seed=0)
-    out = tmp_path_factory.mktemp("runs") / "micro" / "sft"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_micro_checkpoint(tmp_path_factory.mktemp("runs") / "micro" / "sft", 4096)
 
 
 @pytest.fixture

@@ -22,21 +22,19 @@ import importlib.util
 import json
 import shutil
 import sys
-import sysconfig
 import types
 from pathlib import Path
 from typing import TypedDict
 
 import pytest
 import torch
-from conftest import make_calc_task
+from conftest import make_calc_task, save_micro_checkpoint
 
 import eval as eval_py
 from env.episode import EpisodeConfig, ExitStatus, initial_messages, load_prompts, run_episode
 from env.protocol import format_assistant_turn
 from env.tools import CodeTools, tool_schemas
 from nanocomposer import policy as policy_module
-from nanocomposer.model import build_model, build_tokenizer
 from nanocomposer.policy import BackendUnavailable, ModelLoadError, ModelPolicy, SamplingConfig
 
 CONTEXT = 4096
@@ -198,16 +196,7 @@ def no_torch_weights(monkeypatch):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """An untrained micro model saved like a pipeline stage (as in tests/test_eval.py)."""
-    torch.set_num_threads(1)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    tokenizer = build_tokenizer([(stdlib / f).read_text(encoding="utf-8") for f in ("json/encoder.py", "shlex.py")],
-                                512)
-    tokenizer.model_max_length = CONTEXT
-    model = build_model(tokenizer, hidden=64, layers=2, heads=2, context=CONTEXT, seed=0)
-    out = tmp_path_factory.mktemp("runs") / "micro" / "sft"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_micro_checkpoint(tmp_path_factory.mktemp("runs") / "micro" / "sft", CONTEXT)
 
 
 @pytest.fixture(scope="module")
