@@ -26,6 +26,15 @@ def make_calc_task(dest: Path, task_id: str = "calc-add"):
 
 
 @pytest.fixture
+def two_tasks(tmp_path) -> Path:
+    """A directory of two calc tasks (calc-a, calc-b)."""
+    root = tmp_path / "tasks"
+    for task_id in ("calc-a", "calc-b"):
+        make_calc_task(root, task_id)
+    return root
+
+
+@pytest.fixture
 def calc_task(tmp_path):
     return make_calc_task(tmp_path)
 

@@ -23,14 +23,6 @@ def micro_checkpoint(tmp_path_factory) -> Path:
     return save_micro_checkpoint(tmp_path_factory.mktemp("runs") / "micro" / "sft", 4096)
 
 
-@pytest.fixture
-def two_tasks(tmp_path) -> Path:
-    root = tmp_path / "tasks"
-    for task_id in ("calc-a", "calc-b"):
-        make_calc_task(root, task_id)
-    return root
-
-
 def run(*argv) -> int:
     return eval_py.main([str(a) for a in argv])
 

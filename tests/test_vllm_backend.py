@@ -28,7 +28,7 @@ from typing import TypedDict
 
 import pytest
 import torch
-from conftest import make_calc_task, save_micro_checkpoint
+from conftest import save_micro_checkpoint
 
 import eval as eval_py
 from env.episode import EpisodeConfig, ExitStatus, initial_messages, load_prompts, run_episode
@@ -368,14 +368,6 @@ def test_broken_vllm_install_is_named(monkeypatch, checkpoint):
 
 
 # --------------------------------------------------------------------------- eval.py
-
-
-@pytest.fixture
-def two_tasks(tmp_path) -> Path:
-    root = tmp_path / "tasks"
-    for task_id in ("calc-a", "calc-b"):
-        make_calc_task(root, task_id)
-    return root
 
 
 def test_eval_backend_vllm_without_vllm_is_a_clear_error(no_vllm, checkpoint, two_tasks, tmp_path, capsys):
