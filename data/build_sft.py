@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--tasks {args.tasks!r} is not a directory")
     if args.variants < 1 or args.workers < 1:
         p.error("--variants and --workers must be >= 1")
+    if args.val_tasks is not None and args.val_tasks < 1:
+        p.error(f"--val-tasks must be >= 1 (or left out for the whole val split), got {args.val_tasks}")
     try:
         manifest = build(Path(args.tasks), Path(args.out), args.variants, args.seed, args.workers, args.limit,
                          args.tokenizer, args.overwrite, args.val_tasks)

@@ -55,3 +55,18 @@ def save_micro_checkpoint(dest: Path, context: int = 4096) -> Path:
     build_model(tokenizer, hidden=64, layers=2, heads=2, context=context, seed=0).save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return dest
+
+
+def assert_merged_lora_checkpoint(out: Path, base_dir: Path) -> None:
+    """`out` holds a full model (no adapter files, no LoRA parameters) whose LoRA targets (q_proj) moved
+    away from `base_dir`'s weights while the other projections (k_proj) stayed exactly the base's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    layer, base_layer = merged.model.layers[0].self_attn, base.model.layers[0].self_attn
+    assert not torch.equal(layer.q_proj.weight, base_layer.q_proj.weight)  # adapted and merged
+    assert torch.equal(layer.k_proj.weight, base_layer.k_proj.weight)  # not a LoRA target: untouched

@@ -12,6 +12,7 @@ from datasets import Dataset, DatasetDict
 import train_cpt
 from nanocomposer.common import document_separator_id, load_model, load_tokenizer, pack_documents
 from nanocomposer.model import build_base
+from tests.conftest import assert_merged_lora_checkpoint
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 STDLIB_FILES = ["abc.py", "bisect.py", "colorsys.py", "copy.py", "fnmatch.py", "glob.py", "heapq.py",
@@ -177,16 +178,7 @@ def test_missing_dataset_fails_clearly(micro, tmp_path):
 
 
 def test_lora_cpt_trains_and_saves_a_merged_checkpoint(micro, tmp_path):
-    from transformers import AutoModelForCausalLM
-
     metrics = train_cpt.main(*cpt_args(micro, tmp_path, "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16",
                                        "--lora_target_modules", "q_proj", "v_proj", "--learning_rate", "2e-2"))
     assert metrics["final_eval_loss"] < metrics["initial_eval_loss"]
-    out = tmp_path / "t" / "cpt"
-    assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
-    merged = AutoModelForCausalLM.from_pretrained(out)
-    base = AutoModelForCausalLM.from_pretrained(micro / "base")
-    assert not any("lora" in name for name, _ in merged.named_parameters())
-    layer, base_layer = merged.model.layers[0].self_attn, base.model.layers[0].self_attn
-    assert not torch.equal(layer.q_proj.weight, base_layer.q_proj.weight)  # adapted and merged
-    assert torch.equal(layer.k_proj.weight, base_layer.k_proj.weight)  # not a LoRA target: untouched
+    assert_merged_lora_checkpoint(tmp_path / "t" / "cpt", micro / "base")

@@ -8,13 +8,13 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-import torch
 from datasets import Dataset, DatasetDict
 from trl import SFTTrainer
 
 import train_sft
 from nanocomposer.common import load_model, load_tokenizer
 from nanocomposer.model import build_base
+from tests.conftest import assert_merged_lora_checkpoint
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TOOLS = [
@@ -149,16 +149,7 @@ def test_bad_model_path_and_missing_split_fail_clearly(micro, tmp_path):
 
 
 def test_lora_sft_trains_and_saves_a_merged_checkpoint(micro, tmp_path):
-    from transformers import AutoModelForCausalLM
-
     metrics = train_sft.main(*sft_args(micro, tmp_path, "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16",
                                        "--lora_target_modules", "q_proj", "v_proj", "--learning_rate", "2e-2"))
     assert metrics["final_eval_loss"] < metrics["initial_eval_loss"]
-    out = tmp_path / "t" / "sft"
-    assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
-    merged = AutoModelForCausalLM.from_pretrained(out)
-    base = AutoModelForCausalLM.from_pretrained(micro / "base")
-    assert not any("lora" in name for name, _ in merged.named_parameters())
-    layer, base_layer = merged.model.layers[0].self_attn, base.model.layers[0].self_attn
-    assert not torch.equal(layer.q_proj.weight, base_layer.q_proj.weight)  # adapted and merged
-    assert torch.equal(layer.k_proj.weight, base_layer.k_proj.weight)  # not a LoRA target: untouched
+    assert_merged_lora_checkpoint(tmp_path / "t" / "sft", micro / "base")
