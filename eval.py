@@ -43,100 +43,21 @@ import yaml
 
 from env.episode import EpisodeConfig, Trajectory, run_episode
 from env.metrics import BOOTSTRAP_RESAMPLES, CATEGORIES, compare_paired, summarize
-from env.policies import POLICIES, get_policy, is_checkpoint_spec
 from env.task_sets import TaskSet, resolve_task_set
 from env.tasks import Task, TaskError
+from nanocomposer.policies import (
+    BACKENDS,
+    SAMPLING_KEYS,
+    build_policy,
+    is_scripted,
+    policy_label,
+    resolve_backend,
+    seed_policy,
+    single_process_workers,
+)
 
 WANDB_PROJECT = "nanocomposer"
-SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "max_context")
-BACKENDS = ("auto", "transformers", "vllm")
-
 _WORKER_POLICY = None  # built once per worker process: loading a checkpoint costs seconds
-
-
-# --------------------------------------------------------------------------- policies
-
-
-def is_scripted(spec: str) -> bool:
-    return spec in POLICIES or spec.startswith("replay:")
-
-
-def resolve_backend(backend: str) -> str:
-    """The generation backend for checkpoint policies: `transformers` or `vllm`.
-
-    `auto`: vllm when torch sees a GPU and vllm imports (a broken vllm install warns and falls back);
-    `vllm` is returned as asked, and ModelPolicy fails with a one-line `BackendUnavailable` if it cannot run.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    if backend != "auto":
-        return backend
-    import importlib.util
-
-    import torch
-
-    if not (torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None):
-        return "transformers"
-    from nanocomposer.policy import BackendUnavailable, require_vllm
-
-    try:
-        require_vllm()
-    except BackendUnavailable as e:
-        print(f"eval.py: warning: --backend auto: {e}; generating with transformers", file=sys.stderr)
-        return "transformers"
-    return "vllm"
-
-
-def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto", start_engine: bool = True):
-    """A policy from its spec; a checkpoint path that is missing or broken fails naming the path.
-
-    `start_engine=False` (vllm only) checks everything but starts no engine: `main` validates every policy
-    before running any, and a process can hold only one vLLM engine at a time.
-    """
-    if is_scripted(spec):
-        return get_policy(spec)
-    if not is_checkpoint_spec(spec):
-        raise ValueError(f"policy {spec!r}: not a scripted policy ({', '.join(POLICIES)}, replay:FILE), "
-                         f"a checkpoint directory or a hub id")
-    from nanocomposer.policy import ModelPolicy, SamplingConfig  # lazy: scripted evals need no torch
-
-    return ModelPolicy(spec, sampling=SamplingConfig(**{k: v for k, v in (sampling or {}).items()
-                                                         if k in SAMPLING_KEYS and v is not None}),
-                       backend=resolve_backend(backend), start_engine=start_engine)
-
-
-def single_process_workers(workers: int, specs: list[str], backend: str) -> int:
-    """`workers`, or 1 when a checkpoint policy generates with vLLM (warned about on stderr).
-
-    Each worker process would start its own engine, each claiming the GPU memory fraction it is given, so
-    they would not fit; one engine in one process serves the episodes one after another.
-    """
-    if workers > 1 and backend == "vllm" and any(not is_scripted(s) for s in specs):
-        print(f"eval.py: warning: --workers {workers} with the vllm backend: running episodes in 1 process "
-              "(each worker would start its own vLLM engine on the GPU)", file=sys.stderr)
-        return 1
-    return workers
-
-
-def seed_policy(policy, seed: int) -> None:
-    """Make an episode's sampling depend on (seed, task) only, not on which worker ran which tasks before.
-
-    ModelPolicy derives each turn's seed from (sampling.seed, task id, episode counter, turn); the counter
-    is reset so the same task with the same seed samples the same way in every run and every worker layout.
-    """
-    if hasattr(policy, "sampling") and hasattr(policy, "episode"):
-        policy.sampling = dataclasses.replace(policy.sampling, seed=seed)
-        policy.episode = -1
-    elif hasattr(policy, "seed"):  # the oracle's scripted variety
-        policy.seed = seed
-
-
-def policy_label(spec: str) -> str:
-    """How tables name a policy: a checkpoint by the last two parts of its path (`demo/sft`)."""
-    if is_scripted(spec):
-        return spec
-    parts = Path(spec).resolve().parts
-    return "/".join(parts[-2:])
 
 
 def _init_worker(policy_spec: str, sampling: dict, threads: int | None, backend: str = "auto") -> None:
@@ -228,7 +149,7 @@ def run_benchmark(task_sets: list[TaskSet], policy_spec: str, config: EpisodeCon
                "config": {"samples": samples, "seed": seed, "workers": workers, "backend": backend,
                           "sampling": {k: v for k, v in (sampling or {}).items() if k in SAMPLING_KEYS},
                           "episode": {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-                                      if f.name != "compactor"}}}
+                                      if f.repr}}}
     return {"summary": summary, "tasks": records}
 
 

@@ -79,6 +79,10 @@ class EpisodeConfig:
     # Self-summarisation hook (recipe section 4): called before each policy turn; returns the
     # (possibly compacted) message list. Off by default.
     compactor: Callable[[list[dict]], list[dict]] | None = field(default=None, repr=False)
+    # Who answers `ask_user` (a person at agent.py's terminal, a simulated user); None: the task's scripted answer.
+    ask_user: Callable[[str], str] | None = field(default=None, repr=False)
+    # Called with each turn's record as soon as its tool calls ran (live display, session logging).
+    on_turn: Callable[[dict], None] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -182,7 +186,7 @@ def run_episode(task: Task, policy: Policy, config: EpisodeConfig | None = None)
     sandbox = Sandbox(workspace, backend=config.sandbox_backend, limits=Limits(),
                       max_output_chars=config.max_output_chars)
     tools = CodeTools(workspace, task, sandbox=sandbox, max_output_chars=config.max_output_chars,
-                      command_timeout_s=config.command_timeout_s)
+                      command_timeout_s=config.command_timeout_s, ask_user=config.ask_user)
     schemas = tool_schemas(tools)
     by_name = {s["function"]["name"]: s["function"] for s in schemas}
     messages = initial_messages(task, workspace, prompts)
@@ -222,6 +226,8 @@ def run_episode(task: Task, policy: Policy, config: EpisodeConfig | None = None)
                                "completion_tokens": n_tokens, "truncated": gen.truncated,
                                "prompt_ids": gen.prompt_ids, "completion_ids": gen.completion_ids,
                                "logprobs": gen.logprobs})
+            if config.on_turn is not None:
+                config.on_turn(traj.turns[-1])
             if tools.submitted:
                 status = ExitStatus.SUBMITTED
                 break

@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from env.sandbox import Sandbox
@@ -65,9 +66,12 @@ class CodeTools:
     """Tools over one episode's workspace. Construct one per episode."""
 
     def __init__(self, workspace: Path, task: Task | None = None, *, sandbox: Sandbox | None = None,
-                 max_output_chars: int = 4000, command_timeout_s: float = 30.0, chunk_lines: int = 30):
+                 max_output_chars: int = 4000, command_timeout_s: float = 30.0, chunk_lines: int = 30,
+                 ask_user: Callable[[str], str] | None = None):
         self.workspace = Path(workspace)
         self.task = task
+        # Who answers `ask_user`: a person (agent.py), a simulated user, or None for the task's scripted answer.
+        self.answer_question = ask_user
         self.sandbox = sandbox or Sandbox(self.workspace)
         self.max_output_chars = max_output_chars
         self.command_timeout_s = command_timeout_s
@@ -226,6 +230,8 @@ class CodeTools:
         Args:
             question: The question to ask.
         """
+        if self.answer_question is not None:
+            return str(self.answer_question(question)) or NO_INFORMATION
         answer = self.task.meta.get("user_answer") if self.task else None
         return answer or NO_INFORMATION
 
