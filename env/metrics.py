@@ -107,12 +107,19 @@ def paired_normal_interval(a: Sequence[float], b: Sequence[float], z: float = Z9
 def _episode_fields(episode) -> dict:
     """The fields the metrics read, from a Trajectory or an eval.py record."""
     if isinstance(episode, dict):
+        turns = episode.get("turns")  # Trajectory.to_record: the turn dicts; older records: a count + turn_calls
+        turn_calls = [t["calls"] for t in turns] if isinstance(turns, list) else episode.get("turn_calls") or []
         return {"id": episode["id"], "solved": bool(episode["solved"]), "exit_status": episode["exit_status"],
-                "turn_calls": episode.get("turn_calls") or [], "completion_tokens": episode.get("completion_tokens"),
+                "turn_calls": turn_calls, "completion_tokens": episode.get("completion_tokens"),
                 "wall_s": float(episode.get("wall_s") or 0.0)}
     return {"id": episode.task_id, "solved": bool(episode.solved), "exit_status": episode.exit_status,
             "turn_calls": [t["calls"] for t in episode.turns], "completion_tokens": episode.completion_tokens,
             "wall_s": round(float(episode.wall_s), 3)}  # as records store it, so both summarize alike
+
+
+def is_parallel_turn(calls: list[dict]) -> bool:
+    """A parallel turn makes more than one valid call (the one definition; see the module docstring)."""
+    return sum(not c["malformed"] for c in calls) > 1
 
 
 def turn_is_valid(calls: list[dict]) -> bool:
@@ -195,7 +202,7 @@ def summarize(episodes: Iterable, wall_s: float | None = None) -> dict:
         "mean_turns": len(turns) / n if n else 0.0,
         "tool_calls": calls,
         "tool_call_validity": tool_call_validity(turns),
-        "parallel_call_rate": sum(sum(not c["malformed"] for c in t) > 1 for t in calling_turns) / len(calling_turns)
+        "parallel_call_rate": sum(is_parallel_turn(t) for t in calling_turns) / len(calling_turns)
         if calling_turns else 0.0,
         "malformed_calls": malformed,
         "malformed_rate": malformed / calls if calls else 0.0,

@@ -169,3 +169,85 @@ def test_compaction_hook_rewrites_the_context_before_each_turn(calc_task):
                        EpisodeConfig(compactor=keep_prompt_only))
     assert seen == [["system", "user"], ["system", "user", "user"]]
     assert traj.exit_status == "submitted" and EpisodeConfig().compactor is None
+
+
+# --------------------------------------------------------------------------- the steppable Episode
+
+
+def test_episode_steps_like_run_episode(calc_task):
+    """Driving Episode by hand gives what run_episode gives; requests carry the key and the turn index."""
+    from env.episode import Episode
+
+    whole = run_episode(calc_task, OraclePolicy(seed=2), episode_key="calc#2")
+    policy = OraclePolicy(seed=2)
+    episode = Episode(calc_task, EpisodeConfig(), "oracle", "calc#2").start()
+    assert episode.reset_policy(policy)
+    turns = []
+    while (request := episode.request()) is not None:
+        assert request is episode.request()  # asking twice does not advance the episode
+        turns.append((request.episode_key, request.turn))
+        episode.step(policy.act(request.messages, request.tools))
+    stepped = episode.finish()
+    assert turns == [("calc#2", i) for i in range(len(whole.turns))]
+    assert [untimed(m["content"]) for m in stepped.messages] == [untimed(m["content"]) for m in whole.messages]
+    assert stepped.summary() | {"wall_s": 0} == whole.summary() | {"wall_s": 0}
+    assert stepped.episode_key == "calc#2" and not Path(stepped.workspace).exists()
+
+
+def test_policy_reset_failure_is_a_policy_error_not_a_crash(calc_task):
+    (calc_task.root / "gold.patch").write_text("--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1 +1 @@\n-nope\n+x\n")
+    traj = run_episode(calc_task, GoldPolicy())
+    assert traj.exit_status == "policy_error" and "patch does not apply" in traj.error and not traj.turns
+    assert not traj.solved and not Path(traj.workspace).exists()
+
+
+def test_exceptions_from_act_batch_end_the_episode_with_their_exit_status(calc_task):
+    from env.episode import Episode
+
+    class Overflow(RuntimeError):
+        exit_status = "max_context"
+
+    episode = Episode(calc_task, EpisodeConfig()).start()
+    episode.request()
+    episode.step(Overflow("prompt too long"))
+    assert episode.request() is None
+    traj = episode.finish()
+    assert traj.exit_status == "max_context" and traj.error == "Overflow: prompt too long"
+
+
+def test_workspace_is_removed_when_the_harness_fails_mid_episode(calc_task, monkeypatch):
+    import env.episode
+
+    made = []
+    real = env.episode.make_workspace
+    monkeypatch.setattr(env.episode, "make_workspace", lambda src: made.append(real(src)) or made[-1])
+
+    def on_turn(record):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        run_episode(calc_task, Scripted(call("run_tests")), EpisodeConfig(on_turn=on_turn))
+    assert len(made) == 1 and not made[0].exists()
+
+
+def test_wall_budget_caps_commands_and_is_checked_before_each_turn(calc_task):
+    from env.episode import Episode
+
+    episode = Episode(calc_task, EpisodeConfig(max_wall_s=5)).start()
+    assert 0 < episode.tools.deadline - time.monotonic() <= 5
+    episode.close()
+    episode.close()  # idempotent
+
+
+def test_budgets_are_validated_with_the_key_named():
+    from env.budget import Budget, BudgetError
+
+    for bad, key in [({"max_turns": 0}, "max_turns=0"), ({"max_wall_s": -1}, "max_wall_s=-1"),
+                     ({"max_output_chars": 1}, "max_output_chars=1"), ({"top_p": 0}, "top_p=0"),
+                     ({"max_context": 64, "max_new_tokens": 64}, "max_context=64")]:
+        with pytest.raises(BudgetError, match=key):
+            Budget(**bad)
+    with pytest.raises(BudgetError, match="EpisodeConfig: max_turns=-1: must be an integer >= 1"):
+        EpisodeConfig(max_turns=-1)
+    assert EpisodeConfig.from_budget(Budget(max_turns=4)).max_turns == 4
+    assert EpisodeConfig().max_turns == Budget().max_turns
