@@ -1,0 +1,257 @@
+"""Is an expert trajectory fair? Every argument must come from what the agent could see at that turn.
+
+SFT data teaches a model to imitate the expert's calls. If the expert emits a name, a line range
+or a piece of code that was nowhere in its context (it read them from the gold patch), the model
+learns to produce such things from memory, which it cannot do on a new task. This checker replays
+a trajectory and, for each call, asks whether its arguments are derivable from the context before
+that turn: the user message (instruction + file list) and earlier tool results. Earlier assistant
+turns do not count: a name the expert wrote before is only as grounded as its first use.
+
+Rules, per tool:
+    grep       every identifier in the pattern (regex escapes and Python keywords aside) appears as a word
+    search     every word of the query appears (case-insensitively) in the context
+    read_file  the path appears; a line range must contain a line number earlier results cited for
+               that path (grep/lint hits `path:N`, tracebacks, search `path:A-B`, read_file numbers)
+    edit_file  the path appears; old_str is a run of consecutive lines some earlier read_file of that
+               path showed (new_str is the expert's own work and is not checked); "" creates a file
+    lint/run_tests/grep path, run   paths in them appear in the context
+    submit     every code-like token (with `_`, `.`, `/` or a digit) appears; a claim that the tests pass
+               needs a test run in the context after the last edit whose output shows them passing
+
+Calls in turns the policy marked as deliberate mistakes (`marked_turns`, e.g. a near-miss edit that
+shows recovery) are reported but not counted. Besides groundedness the report counts wasted calls:
+greps that match nothing and test runs that ran no tests.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_REGEX_ESCAPE = re.compile(r"\\[A-Za-z]")
+_PATH_LINE = re.compile(r"([\w./-]+\.\w+):(\d+)(?:-(\d+))?")
+_TRACEBACK_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+_NUMBERED = re.compile(r"^\s*(\d+)\| ?(.*)$")
+_CODE_TOKEN = re.compile(r"[\w./:-]*[_./\d][\w./:-]*")
+_PASS_CLAIM = re.compile(r"tests? (?:now )?pass|passing|all green", re.IGNORECASE)
+_NO_TESTS = re.compile(r"no tests ran|collected 0 items|NO TESTS RAN", re.IGNORECASE)
+_EXIT = re.compile(r"\[exit code (\d+)\]\s*$")
+_TEST_TOOLS = {"run_tests"}
+MAX_RANGE_LINES = 80  # a "range" wider than this is a whole-file read in disguise
+
+
+@dataclass
+class CallCheck:
+    turn: int
+    name: str
+    grounded: bool
+    marked: bool
+    reason: str = ""  # why it is not grounded
+
+
+@dataclass
+class GroundingReport:
+    calls: list[CallCheck] = field(default_factory=list)
+    wasted: Counter = field(default_factory=Counter)
+
+    @property
+    def counted(self) -> list[CallCheck]:
+        return [c for c in self.calls if not c.marked]
+
+    @property
+    def grounded_rate(self) -> float:
+        counted = self.counted
+        return sum(c.grounded for c in counted) / len(counted) if counted else 1.0
+
+    @property
+    def ungrounded(self) -> list[CallCheck]:
+        return [c for c in self.counted if not c.grounded]
+
+    def merge(self, other: GroundingReport) -> GroundingReport:
+        return GroundingReport(self.calls + other.calls, self.wasted + other.wasted)
+
+    def summary(self) -> dict:
+        by_tool: dict[str, list[int]] = {}
+        for c in self.counted:
+            by_tool.setdefault(c.name, [0, 0])
+            by_tool[c.name][0] += c.grounded
+            by_tool[c.name][1] += 1
+        return {"calls": len(self.counted), "grounded": sum(c.grounded for c in self.counted),
+                "grounded_rate": round(self.grounded_rate, 4), "marked": len(self.calls) - len(self.counted),
+                "by_tool": {k: f"{g}/{n}" for k, (g, n) in sorted(by_tool.items())}, "wasted": dict(self.wasted)}
+
+
+class _Context:
+    """What the agent has seen so far, indexed the ways the rules need."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.lines_by_path: dict[str, set[int]] = {}
+        self.reads: list[tuple[str, list[str]]] = []  # (path, the source lines one read_file result showed)
+        self.last_edit = -1  # index into `events` of the last successful edit
+        self.events: list[tuple[str, str]] = []  # (tool name, result) in order
+
+    @property
+    def blob(self) -> str:
+        return "\n".join(self.text)
+
+    def add_text(self, text: str) -> None:
+        self.text.append(text)
+        for m in _PATH_LINE.finditer(text):
+            lo, hi = int(m.group(2)), int(m.group(3) or m.group(2))
+            self.lines_by_path.setdefault(m.group(1), set()).update({lo, hi})
+        for m in _TRACEBACK_LINE.finditer(text):
+            self.lines_by_path.setdefault(m.group(1), set()).add(int(m.group(2)))
+
+    def add_result(self, name: str, arguments: dict | None, result: str) -> None:
+        self.add_text(result)
+        self.events.append((name, result))
+        arguments = arguments or {}
+        if name == "read_file" and not result.startswith("Error"):
+            numbered = [_NUMBERED.match(line) for line in result.splitlines()]
+            shown = [m for m in numbered if m]
+            if shown:
+                path = arguments.get("path", "")
+                self.lines_by_path.setdefault(path, set()).update(int(m.group(1)) for m in shown)
+                self.reads.append((path, [m.group(2) for m in shown]))
+        if name == "edit_file" and not result.startswith("Error"):
+            self.last_edit = len(self.events) - 1
+
+
+def _mentions(blob: str, text: str) -> bool:
+    return bool(text) and text in blob
+
+
+def _word_in(blob: str, word: str) -> bool:
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(word)}(?![A-Za-z0-9_])", blob) is not None
+
+
+def _path_known(ctx: _Context, path: str | None) -> bool:
+    path = (path or ".").strip().removeprefix("./")
+    return path in ("", ".") or _mentions(ctx.blob, path)
+
+
+def _check_grep(ctx: _Context, args: dict) -> str:
+    pattern = _REGEX_ESCAPE.sub(" ", args.get("pattern", ""))
+    unseen = [w for w in _IDENT.findall(pattern) if not keyword.iskeyword(w) and not _word_in(ctx.blob, w)]
+    if unseen:
+        return f"pattern names {unseen} not in the context"
+    return "" if _path_known(ctx, args.get("path")) else f"path {args.get('path')!r} not in the context"
+
+
+def _check_search(ctx: _Context, args: dict) -> str:
+    low = ctx.blob.lower()
+    unseen = [w for w in _IDENT.findall(args.get("query", "")) if w.lower() not in low]
+    return f"query words {unseen} not in the context" if unseen else ""
+
+
+def _check_read(ctx: _Context, args: dict) -> str:
+    path = args.get("path", "")
+    if not _path_known(ctx, path):
+        return f"path {path!r} not in the context"
+    start, end = args.get("start_line"), args.get("end_line")
+    if start is None and end is None:
+        return ""
+    lo, hi = start or 1, end or (start or 1) + MAX_RANGE_LINES
+    if hi - lo + 1 > MAX_RANGE_LINES:
+        return f"range {lo}-{hi} is wider than {MAX_RANGE_LINES} lines"
+    cited = {n for p, ns in ctx.lines_by_path.items() if p == path or path.endswith("/" + p) or p.endswith(path)
+             for n in ns}
+    if not any(lo <= n <= hi for n in cited):
+        return f"range {lo}-{hi} contains no line number the context cites for {path}"
+    return ""
+
+
+def _check_edit(ctx: _Context, args: dict) -> str:
+    path, old = args.get("path", ""), args.get("old_str", "")
+    if not _path_known(ctx, path):
+        return f"path {path!r} not in the context"
+    if old == "":
+        return ""
+    wanted = old.removesuffix("\n").split("\n")
+    for read_path, lines in ctx.reads:
+        if read_path != path or len(wanted) > len(lines):
+            continue
+        for i in range(len(lines) - len(wanted) + 1):
+            if lines[i] == wanted[0] and lines[i:i + len(wanted)] == wanted:
+                return ""
+    return "old_str is not a run of lines an earlier read_file of that path showed"
+
+
+def _tests_passed_since_edit(ctx: _Context) -> bool:
+    for name, result in ctx.events[ctx.last_edit + 1:][::-1]:
+        if name in _TEST_TOOLS:
+            exit_code = _EXIT.search(result)
+            return bool(exit_code) and exit_code.group(1) == "0" and not _NO_TESTS.search(result)
+    return False
+
+
+def _check_submit(ctx: _Context, args: dict) -> str:
+    summary = args.get("summary", "")
+    tokens = [t.strip(".:-") for t in _CODE_TOKEN.findall(summary)]
+    unseen = [t for t in tokens if re.search(r"[_./\d]", t) and not _mentions(ctx.blob, t)]
+    if unseen:
+        return f"summary names {unseen} not in the context"
+    if _PASS_CLAIM.search(summary) and not _tests_passed_since_edit(ctx):
+        return "claims the tests pass without a passing test run after the last edit"
+    return ""
+
+
+def _check_paths_in(ctx: _Context, args: dict) -> str:
+    for key in ("path", "target"):
+        if args.get(key) and not _path_known(ctx, str(args[key]).split("::", 1)[0]):
+            return f"{key} {args[key]!r} not in the context"
+    return ""
+
+
+def _check_run(ctx: _Context, args: dict) -> str:
+    unseen = [t for t in re.findall(r"[\w-]+(?:/[\w.-]+)+|[\w-]+\.py\b", args.get("command", ""))
+              if not _mentions(ctx.blob, t)]
+    return f"command names {unseen} not in the context" if unseen else ""
+
+
+_RULES = {"grep": _check_grep, "search": _check_search, "read_file": _check_read, "edit_file": _check_edit,
+          "submit": _check_submit, "lint": _check_paths_in, "run_tests": _check_paths_in, "run": _check_run}
+
+
+def grounding_report(messages: list[dict], turns: list[dict], marked_turns=()) -> GroundingReport:
+    """Check every call of a trajectory (its `messages` and `turns`, as env.episode.Trajectory holds them).
+
+    `marked_turns`: indices of turns the policy marked as deliberate mistakes (not counted).
+    """
+    ctx, report, marked = _Context(), GroundingReport(), set(marked_turns)
+    turn_index, pending = -1, []
+    for msg in messages:
+        role = msg.get("role")
+        if role == "user":
+            ctx.add_text(msg.get("content") or "")
+        elif role == "assistant":
+            turn_index += 1
+            calls = [c for c in turns[turn_index]["calls"]] if turn_index < len(turns) else []
+            for call in calls:
+                if call.get("malformed"):
+                    report.calls.append(CallCheck(turn_index, call.get("name") or "?", False,
+                                                  turn_index in marked, "malformed call"))
+                    continue
+                rule = _RULES.get(call["name"])
+                reason = rule(ctx, call["arguments"] or {}) if rule else ""
+                report.calls.append(CallCheck(turn_index, call["name"], not reason, turn_index in marked, reason))
+            pending = list(calls)
+        elif role == "tool":
+            call = pending.pop(0) if pending else {"name": msg.get("name"), "arguments": {}}
+            result = msg.get("content") or ""
+            ctx.add_result(call.get("name") or "", call.get("arguments"), result)
+            if call.get("name") == "grep" and result.startswith("No matches"):
+                report.wasted["grep without matches"] += 1
+            if call.get("name") in _TEST_TOOLS and _NO_TESTS.search(result):
+                report.wasted["test run that ran no tests"] += 1
+    return report
+
+
+def trajectory_report(traj, marked_turns=()) -> GroundingReport:
+    """`grounding_report` for an env.episode.Trajectory (or its dict form)."""
+    data = traj if isinstance(traj, dict) else {"messages": traj.messages, "turns": traj.turns}
+    return grounding_report(data["messages"], data["turns"], marked_turns)
