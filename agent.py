@@ -1,0 +1,235 @@
+"""nanocomposer's self-hosted agent: the harness the model was trained in, pointed at your own repository.
+
+    python agent.py run --repo PATH [--model CKPT|oracle|replay:FILE] [--test-command CMD] "instruction"
+    python agent.py serve [--host 127.0.0.1] [--port 8765] [--workers 4] [--model SPEC] [--token TOKEN]
+    python agent.py sessions [--status S] [--export FILE.jsonl]
+    python agent.py registry {list | add NAME SPEC | promote NAME}
+
+`run` plays one episode (the same system prompt, tools, parsing, budgets and exit statuses as training and
+eval: env/episode.py) on a sandboxed copy of the repository, shows each turn, asks you the agent's ask_user
+questions, shows the diff and applies it only when you say so (`--yes`), byte for byte, refusing (exit 2,
+nothing changed) if a file it would touch changed in the repository meanwhile. `serve` runs the same sessions
+behind a local HTTP API (nanocomposer/agent/api.py) with every session logged to SQLite for real-time RL.
+Nothing leaves the machine: the model runs locally and tool commands run in the sandbox with no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_HOME = Path("runs") / "agent"
+EXIT_ERROR = 2
+
+
+def fail(message: str) -> int:
+    print(f"agent.py: error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _episode_args(p: argparse.ArgumentParser) -> None:
+    from env.episode import EpisodeConfig
+
+    p.add_argument("--max-turns", type=int, default=EpisodeConfig.max_turns)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="per turn (checkpoint policies)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checkpoint policies)")
+    p.add_argument("--backend", default="auto", choices=("auto", "transformers", "vllm"))
+    p.add_argument("--registry", default=str(DEFAULT_HOME / "registry"),
+                   help="model registry (versions/<name>/ + current); the default model is its current version")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="one task on your repository")
+    run.add_argument("instruction")
+    run.add_argument("--repo", required=True, help="the repository directory (copied; never edited in place)")
+    run.add_argument("--model", default=None, help="checkpoint dir | oracle | gold | noop | replay:FILE "
+                     "(default: the registry's current version)")
+    run.add_argument("--test-command", default=None, help="what run_tests runs (default: none)")
+    run.add_argument("--max-wall-s", type=float, default=600.0)
+    run.add_argument("--no-input", action="store_true", help="answer ask_user with the scripted no-information reply")
+    decide = run.add_mutually_exclusive_group()
+    decide.add_argument("--yes", action="store_true", help="apply the changes without asking")
+    decide.add_argument("--no-apply", action="store_true", help="only show the diff")
+    run.add_argument("--output", default=None, help="also write the diff to this file")
+    run.add_argument("--gold-patch", default=None, help=argparse.SUPPRESS)  # tests: the gold policy's patch
+    _episode_args(run)
+
+    serve = sub.add_parser("serve", help="the local agent server")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765, help="0 = a free port (printed)")
+    serve.add_argument("--token", default=os.environ.get("NANOCOMPOSER_TOKEN"),
+                       help="bearer token ($NANOCOMPOSER_TOKEN); required unless bound to localhost")
+    serve.add_argument("--workers", type=int, default=4)
+    serve.add_argument("--max-queue", type=int, default=64)
+    serve.add_argument("--session-timeout-s", type=float, default=600.0)
+    serve.add_argument("--answer-timeout-s", type=float, default=120.0)
+    serve.add_argument("--db", default=str(DEFAULT_HOME / "sessions.db"))
+    serve.add_argument("--model", default=None, help="register this spec and make it current")
+    serve.add_argument("--version", default=None, help="the registry name for --model")
+    _episode_args(serve)
+
+    sessions = sub.add_parser("sessions", help="list or export logged sessions")
+    sessions.add_argument("--db", default=str(DEFAULT_HOME / "sessions.db"))
+    sessions.add_argument("--status", default=None)
+    sessions.add_argument("--limit", type=int, default=None)
+    sessions.add_argument("--export", default=None, metavar="FILE.jsonl", help="one trajectory record per session")
+
+    registry = sub.add_parser("registry", help="model versions the server can serve")
+    registry.add_argument("--registry", default=str(DEFAULT_HOME / "registry"))
+    registry.add_argument("action", choices=("list", "add", "promote"))
+    registry.add_argument("names", nargs="*", help="add: NAME SPEC; promote: NAME")
+    return parser
+
+
+def _model_spec(args) -> str:
+    from nanocomposer.agent.registry import Registry
+
+    if args.model:
+        return args.model
+    reg = Registry(args.registry)
+    if reg.current() is None:
+        raise ValueError(f"no model: pass --model (a checkpoint directory, oracle, replay:FILE), or promote a "
+                         f"version in {args.registry}")
+    return reg.spec(reg.current())
+
+
+def _build_policy(spec: str, args):
+    from nanocomposer.policies import build_policy, is_scripted
+
+    if not is_scripted(spec) and not Path(spec).is_dir():  # local directories only: nothing is fetched
+        raise ValueError(f"checkpoint {spec!r} not found (not a directory, and not a scripted policy: "
+                         "oracle, gold, noop, replay:FILE)")
+    try:
+        return build_policy(spec, {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature},
+                            args.backend)
+    except Exception as e:  # noqa: BLE001  (a missing or broken checkpoint is one line, not a traceback)
+        raise ValueError(f"model {spec!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def cmd_run(args) -> int:
+    from rich.console import Console
+
+    from env.episode import EpisodeConfig
+    from nanocomposer.agent.changes import ApplyError, apply_changes
+    from nanocomposer.agent.episodes import run_session, stage_repo
+    from nanocomposer.agent.terminal import TurnPrinter, confirm, print_diff, terminal_answerer
+
+    repo = Path(args.repo)
+    if not repo.is_dir():
+        return fail(f"--repo {args.repo!r} is not a directory")
+    try:
+        policy = _build_policy(_model_spec(args), args)
+        gold = Path(args.gold_patch).read_text() if args.gold_patch else None
+    except (ValueError, OSError) as e:
+        return fail(str(e))
+    console = Console(highlight=False)
+    interactive = sys.stdin.isatty() and not args.no_input
+    config = EpisodeConfig(max_turns=args.max_turns, max_wall_s=args.max_wall_s,
+                           ask_user=terminal_answerer(console, interactive))
+    task = stage_repo(repo, args.instruction, args.test_command, gold)
+    console.print(f"[bold]nanocomposer agent[/bold] on {repo.resolve()} (a sandboxed copy; model {policy.name})")
+    result = run_session(task, policy, config, on_turn=TurnPrinter(console))
+    try:
+        traj = result.trajectory
+        tests = "no test command" if not args.test_command else ("pass" if traj.solved else "fail")
+        console.print(f"[bold]exit status[/bold] {traj.exit_status}; tests: {tests}; "
+                      f"{len(traj.turns)} turns, {traj.wall_s:.1f} s" + (f"; error: {traj.error}" if traj.error else ""))
+        if traj.submission:
+            console.print("[bold]summary[/bold] ", end="")
+            console.out(traj.submission, highlight=False)
+        if args.output:
+            Path(args.output).write_text(result.diff)
+        if not result.changes:
+            console.print("no changes")
+            return 0
+        console.print(f"[bold]diff[/bold] ({len(result.changes)} files)")
+        print_diff(console, result.diff)
+        if args.no_apply or not (args.yes or confirm(console, f"Apply these changes to {repo}? [y/N] ")):
+            console.print("not applied; the repository is unchanged")
+            return 0
+        try:
+            apply_changes(repo, result.workspace, result.changes)
+        except (ApplyError, OSError) as e:
+            return fail(f"not applied: {e}")
+        console.print(f"applied {len(result.changes)} changed files to {repo}")
+        return 0
+    finally:
+        result.cleanup()
+
+
+def cmd_serve(args) -> int:
+    from nanocomposer.agent.manager import ServerConfig
+    from nanocomposer.agent.registry import RegistryError
+    from nanocomposer.agent.serve import serve
+
+    if args.workers < 1 or args.max_queue < 1:
+        return fail("--workers and --max-queue must be at least 1")
+    config = ServerConfig(workers=args.workers, max_queue=args.max_queue, session_timeout_s=args.session_timeout_s,
+                          answer_timeout_s=args.answer_timeout_s, max_turns=args.max_turns, backend=args.backend,
+                          sampling={"max_new_tokens": args.max_new_tokens, "temperature": args.temperature})
+    try:
+        serve(host=args.host, port=args.port, token=args.token, db=args.db, registry=args.registry, config=config,
+              model=args.model, version=args.version)
+    except (ValueError, RegistryError, OSError) as e:
+        return fail(str(e))
+    return 0
+
+
+def cmd_sessions(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from nanocomposer.agent.store import SessionStore
+
+    if not Path(args.db).is_file():
+        return fail(f"--db {args.db!r}: no session database there")
+    store = SessionStore(args.db)
+    rows = store.sessions(args.status, args.limit)
+    if args.export:
+        with open(args.export, "w") as f:
+            f.writelines(json.dumps(store.export_record(row["id"]), ensure_ascii=False) + "\n" for row in rows)
+        print(f"exported {len(rows)} sessions to {args.export}")
+        return 0
+    table = Table("id", "status", "version", "task", "exit status", "solved", "files", "wall s", "instruction")
+    for r in rows:
+        table.add_row(r["id"][:12], r["status"], r["model_version"] or "", r["task_id"] or "", r["exit_status"] or "",
+                      "" if r["solved"] is None else str(bool(r["solved"])), str(r["changed_files"] or ""),
+                      f"{r['wall_s']:.1f}" if r["wall_s"] else "", " ".join(r["instruction"].split())[:50])
+    Console().print(table)
+    print(f"{len(rows)} sessions; by status: {store.counts()}")
+    return 0
+
+
+def cmd_registry(args) -> int:
+    from nanocomposer.agent.registry import Registry, RegistryError
+
+    reg = Registry(args.registry)
+    need = {"list": 0, "add": 2, "promote": 1}[args.action]
+    if len(args.names) != need:
+        return fail(f"registry {args.action} takes {need} argument(s), got {len(args.names)}")
+    try:
+        if args.action == "add":
+            reg.add(*args.names)
+        elif args.action == "promote":
+            reg.promote(args.names[0])
+    except RegistryError as e:
+        return fail(str(e))
+    current = reg.current()
+    for name in reg.versions():
+        print(f"{'*' if name == current else ' '} {name}  {reg.spec(name)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    return {"run": cmd_run, "serve": cmd_serve, "sessions": cmd_sessions, "registry": cmd_registry}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The agent server's orchestration: a bounded queue, N worker threads, ask_user round trips, long-poll waits.
+
+Each worker takes the next queued session, reads the registry's current version (so a promotion takes effect
+at the next session, with no restart), stages the session's repository or task directory and runs one harness
+episode on its own workspace and sandbox. Turns are written to the store as they finish; the end (status,
+trajectory, diff) is one transaction. A session whose episode asks the user waits (`waiting`) until
+`answer()` delivers a reply or its answer timeout passes (then the scripted "no information" answer), and
+continues on the same worker.
+
+Each worker keeps the policy of the version it last served: a checkpoint is loaded once per worker, not per
+session (run_episode drives one policy per episode; the batched runner in env/runner.py is not used yet).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from env.episode import EpisodeConfig, ExitStatus
+from env.tasks import TaskError, load_task
+from env.tools import NO_INFORMATION
+from nanocomposer.agent.episodes import run_session, stage_repo, stage_task_dir
+from nanocomposer.agent.registry import Registry
+from nanocomposer.agent.store import TERMINAL, SessionStore
+from nanocomposer.policies import build_policy
+
+
+class QueueFull(Exception):
+    pass
+
+
+class BadRequest(ValueError):
+    pass
+
+
+@dataclass
+class ServerConfig:
+    workers: int = 4
+    max_queue: int = 64  # sessions waiting for a worker; one more is refused (HTTP 429)
+    session_timeout_s: float = 600.0  # the episode's wall-clock budget; longer requests are capped to it
+    answer_timeout_s: float = 120.0  # how long a session waits for an ask_user answer
+    max_turns: int = EpisodeConfig.max_turns
+    sampling: dict = field(default_factory=dict)  # checkpoint policies (max_new_tokens, temperature, ...)
+    backend: str = "auto"
+
+
+class SessionManager:
+    def __init__(self, store: SessionStore, registry: Registry, config: ServerConfig | None = None):
+        self.store, self.registry, self.config = store, registry, config or ServerConfig()
+        self._cond = threading.Condition()  # guards everything below
+        self._queue: collections.deque[str] = collections.deque()
+        self._changes: collections.Counter[str] = collections.Counter()  # bumped on every change of a session
+        self._answers: dict[str, str | None] = {}  # sessions waiting on ask_user -> the answer, once given
+        self._running: set[str] = set()
+        self._stopping = False
+        self._threads: list[threading.Thread] = []
+        self.resumed: list[str] = []
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.resumed = self.store.recover()  # a dead server's running sessions -> interrupted; queued resume
+        with self._cond:
+            self._queue.extend(self.resumed)
+        for i in range(self.config.workers):
+            thread = threading.Thread(target=self._worker, name=f"agent-worker-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Graceful stop: queued sessions stay queued (the next server runs them); running ones are interrupted."""
+        with self._cond:
+            self._stopping = True
+            running = list(self._running)
+            self._cond.notify_all()
+        for session_id in running:
+            self.store.finish(session_id, "interrupted", None, None, None,
+                              reason="the server shut down while this session was running")
+
+    def health(self) -> dict:
+        with self._cond:
+            queued, running, waiting = len(self._queue), len(self._running), len(self._answers)
+        return {"ok": True, "workers": sum(t.is_alive() for t in self._threads), "queued": queued,
+                "running": running, "waiting_for_user": waiting, "model_version": self.registry.current()}
+
+    # ------------------------------------------------------------- requests
+    def submit(self, *, instruction: str | None = None, repo: str | None = None, task_dir: str | None = None,
+               test_command: str | None = None, timeout_s: float | None = None, client: str | None = None,
+               parent_id: str | None = None) -> str:
+        """Queue a session; BadRequest for unusable input, QueueFull when the queue is at its limit."""
+        if (repo is None) == (task_dir is None):
+            raise BadRequest("give exactly one of 'repo' (a repository directory) or 'task_dir' (a task directory)")
+        if timeout_s is not None and timeout_s <= 0:
+            raise BadRequest(f"timeout_s must be positive, got {timeout_s}")
+        timeout_s = min(timeout_s or self.config.session_timeout_s, self.config.session_timeout_s)
+        task_id = None
+        if repo is not None:
+            if not Path(repo).is_dir():
+                raise BadRequest(f"repo {repo!r} is not a directory on the server's machine")
+            if not (instruction or "").strip():
+                raise BadRequest("a repo session needs a non-empty 'instruction'")
+            repo = str(Path(repo).resolve())
+        else:
+            try:
+                task = load_task(task_dir)
+            except TaskError as e:
+                raise BadRequest(str(e)) from None
+            task_dir, task_id, instruction = str(task.root), task.id, instruction or task.instruction
+            test_command = test_command or task.test_command
+        with self._cond:
+            if len(self._queue) >= self.config.max_queue:
+                raise QueueFull(f"the queue is full ({len(self._queue)} sessions waiting for "
+                                f"{self.config.workers} workers); retry later")
+            session_id = self.store.create(source="repo" if repo else "task_dir", instruction=instruction, repo=repo,
+                                           task_dir=task_dir, task_id=task_id, test_command=test_command,
+                                           timeout_s=timeout_s, client=client, parent_id=parent_id)
+            self._queue.append(session_id)
+            self._cond.notify_all()
+        return session_id
+
+    def answer(self, session_id: str, text: str) -> bool:
+        """Deliver an ask_user answer; False when the session is not waiting for one."""
+        with self._cond:
+            if session_id not in self._answers or self._answers[session_id] is not None:
+                return False
+            self._answers[session_id] = text
+            self._cond.notify_all()
+            return True
+
+    def followup(self, session_id: str, text: str, client: str | None = None) -> str:
+        """A new session on the same repository or task: the instruction plus what the user says now."""
+        parent = self.store.session(session_id)
+        instruction = f"{parent['instruction']}\n\nFollow-up from the user on the previous attempt: {text}"
+        child = self.submit(instruction=instruction, repo=parent["repo"], task_dir=parent["task_dir"],
+                            test_command=parent["test_command"] if parent["source"] == "repo" else None,
+                            timeout_s=parent["timeout_s"], client=client or parent["client"], parent_id=session_id)
+        self.store.add_message(session_id, "followup", text)
+        return child
+
+    def change_count(self, session_id: str) -> int:
+        with self._cond:
+            return self._changes[session_id]
+
+    def wait_for_change(self, session_id: str, seen: int, timeout_s: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._changes[session_id] != seen or self._stopping, timeout=timeout_s)
+
+    def _bump(self, session_id: str) -> None:
+        with self._cond:
+            self._changes[session_id] += 1
+            self._cond.notify_all()
+
+    # --------------------------------------------------------------- workers
+    def _worker(self) -> None:
+        policies: dict[str, object] = {}  # version -> policy (only the latest is kept)
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._stopping)
+                if self._stopping:
+                    return
+                session_id = self._queue.popleft()
+                self._running.add(session_id)
+            try:
+                self._run(session_id, policies)
+            except Exception as e:  # noqa: BLE001  (a broken session fails alone; the worker lives on)
+                if not self._stopping:
+                    self.store.finish(session_id, "failed", None, None, None, reason=f"{type(e).__name__}: {e}")
+            finally:
+                with self._cond:
+                    self._running.discard(session_id)
+                self._bump(session_id)
+
+    def _policy(self, policies: dict, version: str):
+        if version not in policies:
+            policies.clear()  # one checkpoint in memory per worker
+            spec = self.registry.spec(version)
+            policies[version] = build_policy(spec, self.config.sampling, self.config.backend)
+        return policies[version]
+
+    def _run(self, session_id: str, policies: dict) -> None:
+        s = self.store.session(session_id)
+        if s is None or s["status"] in TERMINAL:
+            return
+        version = self.registry.current()
+        if version is None:
+            raise RuntimeError(f"registry {str(self.registry.root)!r} has no current version")
+        policy = self._policy(policies, version)
+        if s["source"] == "repo":
+            task = stage_repo(Path(s["repo"]), s["instruction"], s["test_command"])
+        else:
+            task = stage_task_dir(load_task(s["task_dir"]), s["instruction"])
+        self.store.start(session_id, version, getattr(policy, "name", type(policy).__name__))
+        self._bump(session_id)
+        deadline = time.monotonic() + s["timeout_s"]
+        config = EpisodeConfig(max_turns=self.config.max_turns, max_wall_s=s["timeout_s"],
+                               ask_user=lambda question: self._ask(session_id, question, deadline))
+
+        def on_turn(record: dict, results: list[str]) -> None:
+            self.store.add_turn(session_id, record, results)
+            self._bump(session_id)
+
+        result = run_session(task, policy, config, on_turn=on_turn)
+        try:
+            timed_out = result.trajectory.exit_status == ExitStatus.TIMEOUT.value
+            reason = f"the session exceeded its time limit of {s['timeout_s']:g} s" if timed_out else None
+            if not self._stopping:
+                self.store.finish(session_id, "timed_out" if timed_out else "finished", result.trajectory,
+                                  result.diff, len(result.changes), reason)
+        finally:
+            result.cleanup()
+
+    def _ask(self, session_id: str, question: str, deadline: float) -> str:
+        """Block this session's worker until the user answers or the answer timeout (or session time) passes."""
+        self.store.add_message(session_id, "question", question)
+        self.store.set_status(session_id, "waiting", reason=None)
+        with self._cond:
+            self._answers[session_id] = None
+            self._changes[session_id] += 1
+            self._cond.notify_all()
+            limit = max(0.0, min(self.config.answer_timeout_s, deadline - time.monotonic()))
+            self._cond.wait_for(lambda: self._answers[session_id] is not None or self._stopping, timeout=limit)
+            answer = self._answers.pop(session_id)
+        kind = "answer" if answer is not None else "answer_timeout"
+        answer = answer if answer is not None else NO_INFORMATION
+        self.store.add_message(session_id, kind, answer)
+        self.store.set_status(session_id, "running")
+        self._bump(session_id)
+        return answer

@@ -1,0 +1,286 @@
+"""Agent sessions in SQLite (stdlib sqlite3, WAL): what real-time RL learns from.
+
+Per session: the model version that served it, the task and instruction, every turn with its exact prompt and
+completion token ids and sampling logprobs, every tool call (arguments, malformed flag, error, the result the
+model saw, wall time), the exit status, per-turn latency, the final diff, the user's messages (answers to
+ask_user, follow-ups) and every feedback event with its timestamp.
+
+The schema is plain SQL (TEXT for JSON, REAL for seconds since the epoch, INTEGER for flags) so Postgres
+could replace SQLite. Every write is one transaction: a killed process leaves whole rows or none. A session
+that was `running` or `waiting` when its server died is marked `interrupted` by the next server's `recover`;
+`queued` ones are handed back to be run again.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from env.episode import Trajectory
+
+STATUSES = ("queued", "running", "waiting", "finished", "timed_out", "failed", "interrupted")
+TERMINAL = frozenset({"finished", "timed_out", "failed", "interrupted"})
+FEEDBACK_KINDS = ("applied", "kept", "reverted", "followup_dissatisfied", "rating", "abandoned")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    parent_id TEXT,
+    status TEXT NOT NULL,
+    status_reason TEXT,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    model_version TEXT,
+    policy TEXT,
+    source TEXT NOT NULL,
+    repo TEXT,
+    task_dir TEXT,
+    task_id TEXT,
+    instruction TEXT NOT NULL,
+    test_command TEXT,
+    timeout_s REAL,
+    client TEXT,
+    exit_status TEXT,
+    solved INTEGER,
+    submission TEXT,
+    error TEXT,
+    grade TEXT,
+    diff TEXT,
+    changed_files INTEGER,
+    messages TEXT,
+    tools TEXT,
+    wall_s REAL,
+    gen_s REAL,
+    env_s REAL,
+    grade_s REAL,
+    command_s REAL
+);
+CREATE INDEX IF NOT EXISTS sessions_status ON sessions (status);
+CREATE TABLE IF NOT EXISTS turns (
+    session_id TEXT NOT NULL REFERENCES sessions (id),
+    turn INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    prompt_ids TEXT,
+    completion_ids TEXT,
+    logprobs TEXT,
+    completion_tokens INTEGER,
+    truncated INTEGER NOT NULL,
+    gen_s REAL NOT NULL,
+    env_s REAL NOT NULL,
+    finished_at REAL NOT NULL,
+    PRIMARY KEY (session_id, turn)
+);
+CREATE TABLE IF NOT EXISTS tool_calls (
+    session_id TEXT NOT NULL REFERENCES sessions (id),
+    turn INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    name TEXT,
+    arguments TEXT,
+    malformed INTEGER NOT NULL,
+    error TEXT,
+    raw TEXT,
+    result TEXT,
+    wall_s REAL,
+    PRIMARY KEY (session_id, turn, idx)
+);
+CREATE TABLE IF NOT EXISTS user_messages (
+    id INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions (id),
+    kind TEXT NOT NULL,
+    text TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS feedback (
+    id INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions (id),
+    kind TEXT NOT NULL,
+    value REAL,
+    text TEXT,
+    created_at REAL NOT NULL
+);
+"""
+_JSON_COLUMNS = ("grade", "messages", "tools", "arguments", "prompt_ids", "completion_ids", "logprobs")
+
+
+def _dumps(value) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _row(row: sqlite3.Row) -> dict:
+    out = dict(row)
+    for key in _JSON_COLUMNS:
+        if out.get(key) is not None:
+            out[key] = json.loads(out[key])
+    return out
+
+
+class SessionStore:
+    """One connection shared by the server's threads, writes serialised by a lock (SQLite has one writer)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses no commit
+        self._lock = threading.RLock()
+        with self.transaction() as db:
+            for statement in filter(str.strip, SCHEMA.split(";")):  # executescript would commit on its own
+                db.execute(statement)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def transaction(self):
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _query(self, sql: str, args: tuple = ()) -> list[dict]:
+        with self._lock:
+            return [_row(r) for r in self._conn.execute(sql, args).fetchall()]
+
+    # ----------------------------------------------------------------- writes
+    def create(self, *, source: str, instruction: str, repo: str | None = None, task_dir: str | None = None,
+               task_id: str | None = None, test_command: str | None = None, timeout_s: float | None = None,
+               client: str | None = None, parent_id: str | None = None) -> str:
+        session_id = uuid.uuid4().hex
+        with self.transaction() as db:
+            db.execute("INSERT INTO sessions (id, parent_id, status, created_at, source, repo, task_dir, task_id, "
+                       "instruction, test_command, timeout_s, client) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (session_id, parent_id, time.time(), source, repo, task_dir, task_id, instruction,
+                        test_command, timeout_s, client))
+        return session_id
+
+    def start(self, session_id: str, version: str | None, policy: str | None) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE sessions SET status = 'running', started_at = ?, model_version = ?, policy = ? "
+                       "WHERE id = ?", (time.time(), version, policy, session_id))
+
+    def set_status(self, session_id: str, status: str, reason: str | None = None) -> None:
+        assert status in STATUSES, status
+        with self.transaction() as db:
+            db.execute("UPDATE sessions SET status = ?, status_reason = ? WHERE id = ?", (status, reason, session_id))
+
+    def add_turn(self, session_id: str, record: dict, results: list[str]) -> None:
+        """One finished turn and its tool calls, in one transaction."""
+        with self.transaction() as db:
+            db.execute("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (session_id, record["turn"], record["text"], _dumps(record.get("prompt_ids")),
+                        _dumps(record.get("completion_ids")), _dumps(record.get("logprobs")),
+                        record.get("completion_tokens"), int(bool(record.get("truncated"))),
+                        record.get("gen_s", 0.0), record.get("env_s", 0.0), time.time()))
+            for i, call in enumerate(record["calls"]):
+                db.execute("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (session_id, record["turn"], i, call.get("name"), _dumps(call.get("arguments")),
+                            int(bool(call.get("malformed"))), call.get("error"), call.get("raw"),
+                            results[i] if i < len(results) else None, call.get("wall_s")))
+
+    def finish(self, session_id: str, status: str, traj: Trajectory | None, diff: str | None,
+               changed_files: int | None, reason: str | None = None) -> None:
+        """The session's end: status and, when an episode ran, its trajectory fields and diff, atomically."""
+        fields = {"status": status, "status_reason": reason, "finished_at": time.time(), "diff": diff,
+                  "changed_files": changed_files}
+        if traj is not None:
+            fields.update(exit_status=traj.exit_status, solved=None if traj.grade.get("solved") is None
+                          else int(traj.solved), submission=traj.submission, error=traj.error,
+                          grade=_dumps(traj.grade), messages=_dumps(traj.messages), tools=_dumps(traj.tools),
+                          wall_s=traj.wall_s, gen_s=traj.gen_s, env_s=traj.env_s, grade_s=traj.grade_s,
+                          command_s=traj.command_s)
+        with self.transaction() as db:
+            db.execute(f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
+                       (*fields.values(), session_id))
+
+    def add_message(self, session_id: str, kind: str, text: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO user_messages (session_id, kind, text, created_at) VALUES (?, ?, ?, ?)",
+                       (session_id, kind, text, time.time()))
+
+    def add_feedback(self, session_id: str, kind: str, value: float | None = None, text: str | None = None) -> int:
+        assert kind in FEEDBACK_KINDS, kind
+        with self.transaction() as db:
+            cur = db.execute("INSERT INTO feedback (session_id, kind, value, text, created_at) VALUES (?, ?, ?, ?, ?)",
+                             (session_id, kind, value, text, time.time()))
+            return cur.lastrowid
+
+    def recover(self) -> list[str]:
+        """At server start-up: sessions a dead server was running become `interrupted`; returns queued ids."""
+        with self.transaction() as db:
+            db.execute("UPDATE sessions SET status = 'interrupted', finished_at = ?, status_reason = "
+                       "'the server stopped while this session was running' WHERE status IN ('running', 'waiting')",
+                       (time.time(),))
+            return [r["id"] for r in db.execute("SELECT id FROM sessions WHERE status = 'queued' ORDER BY created_at")]
+
+    # ------------------------------------------------------------------ reads
+    def session(self, session_id: str) -> dict | None:
+        rows = self._query("SELECT * FROM sessions WHERE id = ?", (session_id,))
+        return rows[0] if rows else None
+
+    def turns(self, session_id: str, after: int = 0) -> list[dict]:
+        turns = self._query("SELECT * FROM turns WHERE session_id = ? AND turn >= ? ORDER BY turn", (session_id, after))
+        calls = self._query("SELECT * FROM tool_calls WHERE session_id = ? AND turn >= ? ORDER BY turn, idx",
+                            (session_id, after))
+        by_turn: dict[int, list] = {}
+        for c in calls:
+            by_turn.setdefault(c["turn"], []).append(
+                {"name": c["name"], "arguments": c["arguments"], "malformed": bool(c["malformed"]),
+                 "error": c["error"], "raw": c["raw"], "result": c["result"], "wall_s": c["wall_s"]})
+        for t in turns:
+            t.pop("session_id")
+            t["truncated"] = bool(t["truncated"])
+            t["calls"] = by_turn.get(t["turn"], [])
+        return turns
+
+    def count_turns(self, session_id: str) -> int:
+        return self._query("SELECT COUNT(*) AS n FROM turns WHERE session_id = ?", (session_id,))[0]["n"]
+
+    def feedback(self, session_id: str | None = None) -> list[dict]:
+        if session_id is None:
+            return self._query("SELECT * FROM feedback ORDER BY id")
+        return self._query("SELECT * FROM feedback WHERE session_id = ? ORDER BY id", (session_id,))
+
+    def user_messages(self, session_id: str) -> list[dict]:
+        return self._query("SELECT * FROM user_messages WHERE session_id = ? ORDER BY id", (session_id,))
+
+    def sessions(self, status: str | None = None, limit: int | None = None) -> list[dict]:
+        sql = "SELECT id, parent_id, status, status_reason, created_at, started_at, finished_at, model_version, " \
+              "policy, source, task_id, instruction, exit_status, solved, changed_files, wall_s FROM sessions"
+        args: tuple = ()
+        if status:
+            sql, args = sql + " WHERE status = ?", (status,)
+        sql += " ORDER BY created_at"
+        if limit:
+            sql, args = sql + " LIMIT ?", (*args, int(limit))
+        return self._query(sql, args)
+
+    def counts(self) -> dict[str, int]:
+        return {r["status"]: r["n"] for r in self._query("SELECT status, COUNT(*) AS n FROM sessions GROUP BY status")}
+
+    def export_record(self, session_id: str) -> dict:
+        """One session as a trajectory record (Trajectory.to_dict) plus the session's own fields."""
+        s = self.session(session_id)
+        turns = self.turns(session_id)
+        traj = Trajectory(task_id=s["task_id"] or "", policy=s["policy"] or "", messages=s["messages"] or [],
+                          tools=s["tools"] or [], turns=turns, exit_status=s["exit_status"] or s["status"],
+                          solved=bool(s["solved"]), submission=s["submission"] or "", grade=s["grade"] or {},
+                          error=s["error"] or "", wall_s=s["wall_s"] or 0.0, gen_s=s["gen_s"] or 0.0,
+                          env_s=s["env_s"] or 0.0, grade_s=s["grade_s"] or 0.0, command_s=s["command_s"] or 0.0)
+        session = {k: v for k, v in s.items() if k not in ("messages", "tools", "grade", "submission", "error",
+                                                            "exit_status", "solved", "wall_s", "gen_s", "env_s",
+                                                            "grade_s", "command_s", "task_id", "policy")}
+        return {**traj.to_dict(), "session_id": session.pop("id"), **session,
+                "feedback": self.feedback(session_id), "user_messages": self.user_messages(session_id)}

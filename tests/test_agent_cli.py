@@ -1,0 +1,184 @@
+"""agent.py run on a small git repository made here: the diff shown, exact application, refusals that change nothing."""
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENT = [sys.executable, str(ROOT / "agent.py")]
+
+
+def call(name: str, **arguments) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+# What the scripted agent does: an edit, a new file in a new directory, a deletion, a binary file, a chmod.
+TURNS = [
+    call("read_file", path="calc/ops.py"),
+    call("edit_file", path="calc/ops.py", old_str="a - b", new_str="a + b") + "\n"
+    + call("edit_file", path="docs/usage.md", old_str="", new_str="# Usage\n\nadd(2, 3) == 5\n"),
+    call("run", command="rm notes.txt && printf '\\000\\001\\377' > data.bin && chmod +x tools/build.sh"),
+    call("submit", summary="Fixed add."),
+]
+ORIGINAL = {
+    "calc/__init__.py": (b"", 0o644),
+    "calc/ops.py": (b"def add(a, b):\n    return a - b\n", 0o644),
+    "notes.txt": (b"remember the milk\n", 0o644),
+    "data.bin": (b"\x89PNG\x00\x00", 0o644),
+    "tools/build.sh": (b"#!/bin/sh\necho build\n", 0o644),
+}
+EXPECTED = {
+    **{k: v for k, v in ORIGINAL.items() if k != "notes.txt"},
+    "calc/ops.py": (b"def add(a, b):\n    return a + b\n", 0o644),
+    "docs/usage.md": (b"# Usage\n\nadd(2, 3) == 5\n", 0o644),
+    "data.bin": (b"\x00\x01\xff", 0o644),
+    "tools/build.sh": (b"#!/bin/sh\necho build\n", 0o755),
+}
+
+
+def tree(root: Path, skip_git: bool = True) -> dict[str, tuple[str, int]]:
+    """Every file below root: sha256 of its bytes and its permission bits."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if p.is_file() and not (skip_git and rel.parts[0] == ".git"):
+            out[rel.as_posix()] = (hashlib.sha256(p.read_bytes()).hexdigest(), stat.S_IMODE(p.stat().st_mode))
+    return out
+
+
+def hashed(files: dict[str, tuple[bytes, int]]) -> dict[str, tuple[str, int]]:
+    return {k: (hashlib.sha256(data).hexdigest(), mode) for k, (data, mode) in files.items()}
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    root = tmp_path / "repo"
+    for rel, (data, mode) in ORIGINAL.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        os.chmod(root / rel, mode)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "."], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], cwd=root, check=True)
+    return root
+
+
+@pytest.fixture
+def replay(tmp_path) -> Path:
+    path = tmp_path / "turns.json"
+    path.write_text(json.dumps(TURNS))
+    return path
+
+
+def run_agent(*args, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([*AGENT, "run", *map(str, args)], input=stdin, capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, check=False)
+
+
+def test_yes_applies_exactly_and_the_diff_shown_is_the_change(repo, replay, tmp_path):
+    git_before = {k: v for k, v in tree(repo, skip_git=False).items() if k.startswith(".git/")}
+    out = tmp_path / "change.diff"
+    proc = run_agent("--repo", repo, "--model", f"replay:{replay}", "--yes", "--output", out, "fix add")
+    assert proc.returncode == 0, proc.stderr
+    assert tree(repo) == hashed(EXPECTED)  # byte- and mode-identical to what the episode's workspace holds
+    assert {k: v for k, v in tree(repo, skip_git=False).items() if k.startswith(".git/")} == git_before
+    diff = out.read_text()
+    assert diff in proc.stdout  # shown verbatim
+    assert "new file mode 100644\n--- /dev/null\n+++ b/docs/usage.md" in diff
+    assert "deleted file mode 100644\n--- a/notes.txt\n+++ /dev/null" in diff
+    assert "old mode 100644\nnew mode 100755" in diff and "Binary files a/data.bin and b/data.bin differ" in diff
+    assert "-    return a - b\n+    return a + b\n" in diff
+    # the text part of the diff is a real patch: applied to the original it gives the same text files
+    clean = tmp_path / "clean"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clean)], check=True)  # HEAD = the original commit
+    subprocess.run(["patch", "-p1", "--batch", "-s"], input=diff, text=True, cwd=clean, check=False)
+    for rel in ("calc/ops.py", "docs/usage.md"):
+        assert (clean / rel).read_bytes() == EXPECTED[rel][0]
+    assert not (clean / "notes.txt").exists()
+
+
+@pytest.mark.parametrize("how", ["declined", "no-apply", "end-of-input"])
+def test_not_applying_leaves_the_repo_byte_identical(repo, replay, how):
+    before = tree(repo, skip_git=False)
+    flags, stdin = {"declined": ([], "n\n"), "no-apply": (["--no-apply"], ""), "end-of-input": ([], "")}[how]
+    proc = run_agent("--repo", repo, "--model", f"replay:{replay}", *flags, "fix add", stdin=stdin)
+    assert proc.returncode == 0, proc.stderr
+    assert "+    return a + b" in proc.stdout and "not applied" in proc.stdout
+    assert tree(repo, skip_git=False) == before
+
+
+def test_answer_yes_at_the_prompt_applies(repo, replay):
+    proc = run_agent("--repo", repo, "--model", f"replay:{replay}", "fix add", stdin="y\n")
+    assert proc.returncode == 0, proc.stderr
+    assert tree(repo) == hashed(EXPECTED)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("agent.py: error: "), proc.stderr
+    return lines[0]
+
+
+def test_repo_that_is_not_a_directory(tmp_path, replay):
+    (tmp_path / "file.txt").write_text("x")
+    for bad in (tmp_path / "missing", tmp_path / "file.txt"):
+        assert "is not a directory" in one_line_error(run_agent("--repo", bad, "--model", f"replay:{replay}", "x"))
+    assert (tmp_path / "file.txt").read_text() == "x"
+
+
+def test_missing_checkpoint(repo, tmp_path):
+    before = tree(repo, skip_git=False)
+    line = one_line_error(run_agent("--repo", repo, "--model", tmp_path / "runs" / "nope" / "sft", "--yes", "x"))
+    assert "not found" in line and "nope" in line
+    assert "replay file" in one_line_error(run_agent("--repo", repo, "--model", f"replay:{tmp_path}/none.json", "x"))
+    assert tree(repo, skip_git=False) == before
+
+
+def test_dirty_target_file_at_apply_time_is_refused(repo, replay):
+    """The user edits a file the agent changed while the session ran: nothing is applied, exit 2."""
+    proc = subprocess.Popen([*AGENT, "run", "--repo", str(repo), "--model", f"replay:{replay}", "fix add"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    seen = bytearray()
+
+    def read() -> None:
+        while chunk := proc.stdout.read1(4096):
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while b"[y/N]" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert b"[y/N]" in seen, seen.decode()
+    (repo / "calc/ops.py").write_text("def add(a, b):\n    return b + a  # my own fix\n")
+    mine = tree(repo, skip_git=False)
+    proc.stdin.write(b"y\n")
+    proc.stdin.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    reader.join(timeout=10)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, bytes(seen).decode(), err)
+    line = one_line_error(result)
+    assert "calc/ops.py changed in the repository since the session started" in line
+    assert tree(repo, skip_git=False) == mine  # nothing else was applied either
+
+
+def test_gold_patch_and_test_command(repo, tmp_path):
+    """A test-only gold patch drives the `gold` policy; run_tests runs the user's test command."""
+    patch = tmp_path / "gold.patch"
+    patch.write_text("--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
+                     "-    return a - b\n+    return a + b\n")
+    test = "python -c 'from calc.ops import add; assert add(2, 3) == 5'"
+    proc = run_agent("--repo", repo, "--model", "gold", "--gold-patch", patch, "--test-command", test, "--yes", "fix")
+    assert proc.returncode == 0, proc.stderr
+    assert "exit status submitted; tests: pass" in proc.stdout
+    assert (repo / "calc/ops.py").read_bytes() == EXPECTED["calc/ops.py"][0]
