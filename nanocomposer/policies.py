@@ -4,7 +4,8 @@
     policy = build_policy("runs/tiny/sft", {"max_new_tokens": 128}, backend="auto")
 
 Used by eval.py, the agent (agent.py) and every stage that plays episodes, so a spec means the same
-policy everywhere. Scripted policies need no torch; checkpoints load through `nanocomposer.policy`.
+policy everywhere; `run_policy` plays a spec on tasks through the one runner (env.runner.run_tasks).
+Scripted policies need no torch; checkpoints load through `nanocomposer.policy`.
 """
 
 from __future__ import annotations
@@ -67,17 +68,48 @@ def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto",
                        backend=resolve_backend(backend), start_engine=start_engine)
 
 
-def single_process_workers(workers: int, specs: list[str], backend: str) -> int:
-    """`workers`, or 1 when a checkpoint policy generates with vLLM (warned about on stderr).
-
-    Each worker process would start its own engine, each claiming the GPU memory fraction it is given, so
-    they would not fit; one engine in one process serves the episodes one after another.
-    """
-    if workers > 1 and backend == "vllm" and any(not is_scripted(s) for s in specs):
-        print(f"eval.py: warning: --workers {workers} with the vllm backend: running episodes in 1 process "
-              "(each worker would start its own vLLM engine on the GPU)", file=sys.stderr)
+def episode_concurrency(workers: int, policy, spec: str) -> int:
+    """How many episodes may be live at once with `policy`: `workers`, or 1 for a checkpoint policy that
+    cannot batch (one instance holds per-episode state, and a second would load the model, or start a vLLM
+    engine, again); warned about on stderr."""
+    if workers > 1 and not is_scripted(spec) and not callable(getattr(policy, "act_batch", None)):
+        print(f"eval.py: warning: --workers {workers} with {spec!r}, which cannot batch generation: running "
+              "episodes in 1 process, one at a time", file=sys.stderr)
         return 1
     return workers
+
+
+def run_policy(spec: str, tasks: list, config, sampling: dict | None = None, *, samples: int = 1,
+               workers: int = 1, backend: str = "auto", results_path=None, resume: bool = False,
+               progress: bool = True, token_ids: bool = False) -> tuple[list[dict], float, int]:
+    """(records, wall seconds, concurrency used): `spec` played on `tasks` (Tasks, directories or
+    env.runner.TaskRef) `samples` times each, through env.runner.run_tasks (seeds seed..seed+samples-1).
+
+    Scripted specs get a fresh instance per live episode; a checkpoint is loaded once and shared (batched
+    when it has `act_batch`), and closed afterwards (a vLLM engine holds the GPU until then).
+    """
+    import time
+
+    from env.runner import run_tasks
+
+    sampling = dict(sampling or {})
+    seed = int(sampling.pop("seed", 0) or 0)
+    if is_scripted(spec):
+        policy = None
+        workers = max(1, workers)
+    else:
+        policy = build_policy(spec, sampling, backend)
+        workers = episode_concurrency(workers, policy, spec)
+    t0 = time.perf_counter()
+    try:
+        records = run_tasks(tasks, (lambda: build_policy(spec)) if policy is None else (lambda: policy), config,
+                            samples=samples, seed=seed, concurrency=workers, results_path=results_path,
+                            resume=resume, progress=progress, seed_policy=seed_policy, token_ids=token_ids,
+                            desc=f"eval {policy_label(spec)}")
+    finally:
+        if policy is not None and hasattr(policy, "close"):
+            policy.close()
+    return records, time.perf_counter() - t0, workers
 
 
 def seed_policy(policy, seed: int) -> None:

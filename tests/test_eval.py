@@ -38,7 +38,7 @@ def test_micro_model_end_to_end(micro_checkpoint, two_tasks, tmp_path):
     assert s["config"]["sampling"]["max_new_tokens"] == 32 and s["config"]["episode"]["max_turns"] == 2
     assert set(s["task_sets"]) == {str(two_tasks)} and s["task_sets"][str(two_tasks)]["kind"] == "harness"
     for task in results["tasks"]:
-        assert FIRST_FORM_TASK <= task.keys() and task["turns"] <= 2
+        assert FIRST_FORM_TASK <= task.keys() and task["n_turns"] == len(task["turns"]) <= 2
         assert task["exit_status"] in {"max_turns", "no_tool_call", "repeated_malformed", "max_tokens"}
 
 
@@ -90,7 +90,7 @@ def test_compare_output_shape(micro_checkpoint, two_tasks, tmp_path, monkeypatch
 def test_config_yaml_with_flags_overriding(two_tasks, tmp_path):
     config = tmp_path / "eval.yaml"
     config.write_text(f"tasks: {two_tasks}\npolicy: noop\noutput: {tmp_path / 'from_yaml.json'}\n"
-                      "max-turns: 3\nquiet: true\n")
+                      "max_turns: 3\nquiet: true\n")
     assert run("--config", config) == 0
     summary = json.loads((tmp_path / "from_yaml.json").read_text())["summary"]
     assert summary["policy"] == "noop" and summary["config"]["episode"]["max_turns"] == 3
@@ -107,7 +107,7 @@ def test_bad_config_key_is_named(tmp_path, capsys):
     config.write_text("policy: noop\nmax_turn: 3\n")
     with pytest.raises(SystemExit):
         eval_py.parse_args(["--config", str(config)])
-    assert "unknown option 'max_turn'" in capsys.readouterr().err
+    assert "unknown config key 'max_turn' (did you mean 'max_turns'?)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("make, says", [

@@ -147,8 +147,11 @@ def test_compare_paired_uses_common_tasks():
 
 
 def test_trajectories_and_their_records_summarize_alike(calc_task):
-    import eval as eval_py
+    from env.episode import Trajectory
 
     trajectories = [run_episode(calc_task, get_policy(p)) for p in ("gold", "noop")]
-    records = [eval_py.task_record(t) for t in trajectories]
+    records = [t.to_record(task_set="x", sample=0) for t in trajectories]
     assert summarize(trajectories, 1.0) == summarize(records, 1.0)
+    back = [Trajectory.from_record(r) for r in records]
+    assert summarize(back, 1.0) == summarize(trajectories, 1.0)
+    assert [b.to_record(task_set="x", sample=0) for b in back] == records
