@@ -105,6 +105,8 @@ CREATE TABLE IF NOT EXISTS feedback (
     created_at REAL NOT NULL
 );
 """
+_TRAJECTORY_COLUMNS = ("messages", "tools", "grade", "submission", "error", "exit_status", "solved", "wall_s",
+                       "gen_s", "env_s", "grade_s", "command_s", "task_id", "policy")
 _JSON_COLUMNS = ("grade", "messages", "tools", "arguments", "prompt_ids", "completion_ids", "logprobs")
 
 
@@ -271,16 +273,15 @@ class SessionStore:
         return {r["status"]: r["n"] for r in self._query("SELECT status, COUNT(*) AS n FROM sessions GROUP BY status")}
 
     def export_record(self, session_id: str) -> dict:
-        """One session as a trajectory record (Trajectory.to_dict) plus the session's own fields."""
+        """One session as the episode record eval writes (Trajectory.to_record, token ids and logprobs kept),
+        with the session's own fields (status, model version, diff, feedback, user messages) after the identity."""
         s = self.session(session_id)
-        turns = self.turns(session_id)
         traj = Trajectory(task_id=s["task_id"] or "", policy=s["policy"] or "", messages=s["messages"] or [],
-                          tools=s["tools"] or [], turns=turns, exit_status=s["exit_status"] or s["status"],
+                          tools=s["tools"] or [], turns=self.turns(session_id), exit_status=s["exit_status"] or "",
                           solved=bool(s["solved"]), submission=s["submission"] or "", grade=s["grade"] or {},
                           error=s["error"] or "", wall_s=s["wall_s"] or 0.0, gen_s=s["gen_s"] or 0.0,
-                          env_s=s["env_s"] or 0.0, grade_s=s["grade_s"] or 0.0, command_s=s["command_s"] or 0.0)
-        session = {k: v for k, v in s.items() if k not in ("messages", "tools", "grade", "submission", "error",
-                                                            "exit_status", "solved", "wall_s", "gen_s", "env_s",
-                                                            "grade_s", "command_s", "task_id", "policy")}
-        return {**traj.to_dict(), "session_id": session.pop("id"), **session,
-                "feedback": self.feedback(session_id), "user_messages": self.user_messages(session_id)}
+                          env_s=s["env_s"] or 0.0, grade_s=s["grade_s"] or 0.0, command_s=s["command_s"] or 0.0,
+                          episode_key=session_id)
+        own = {k: v for k, v in s.items() if k not in _TRAJECTORY_COLUMNS}
+        return traj.to_record(token_ids=True, session_id=own.pop("id"), **own, feedback=self.feedback(session_id),
+                              user_messages=self.user_messages(session_id))

@@ -1,0 +1,286 @@
+"""Simulated users: a seeded population of developers that uses the agent server over plain HTTP.
+
+    python -m env.users --server http://127.0.0.1:8765 --tasks samples --sessions 20 \\
+        --recipe recipes/tiny/users.yaml [--token T] [--report users.json]
+
+Each conversation takes a task from a set training never saw (held-out factory splits, the samples) and
+a user with parameters drawn from the recipe. The user sends the task's instruction (POST /sessions with the
+task directory), follows the session's turns (long-poll), answers `ask_user` questions (from the hidden spec
+with probability `answer_helpful_p`, else "just do it"), and gives up on a session slower than its patience
+(feedback `abandoned`). When the session ends the user judges it with information the agent never saw:
+the session's diff applied (`patch -p1`) to a fresh copy of the task repo, graded by `env.tasks.grade` with
+the hidden tests. A passing result is applied and kept, a failing one applied and later reverted (each flipped
+with probability `keep_noise_p`); a wrong or slow result brings a dissatisfied follow-up with probability
+`followup_p`; every session gets a 1-5 rating. Every feedback event is a real POST, counted, so a test can
+check that the server stored exactly what was sent.
+
+This module is a pure HTTP client of the server (no import of its internals, no torch); it uses env/ only
+for what the simulated developer knows: the task set and the grader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import httpx
+import yaml
+
+from env.task_sets import resolve_task_set
+from env.tasks import Task, TaskError, apply_patch, grade
+from env.workspace import make_workspace, remove_workspace
+
+TERMINAL = ("finished", "timed_out", "failed", "interrupted")
+
+
+@dataclass
+class Population:
+    """Every parameter of the simulated population; a recipe YAML sets any of them (unknown keys are errors)."""
+
+    seed: int = 0
+    concurrency: int = 4  # conversations in flight at once
+    patience_s: tuple[float, float] = (30.0, 120.0)  # each user's patience: uniform in this range
+    give_up_factor: float = 2.0  # a session still running after factor x patience is abandoned
+    poll_s: float = 10.0  # long-poll wait per status request
+    answer_helpful_p: float = 0.6  # ask_user answered from the hidden spec; otherwise "just do it"
+    answer_delay_s: tuple[float, float] = (0.0, 0.2)  # time to type an answer
+    keep_noise_p: float = 0.05  # a passing result reverted anyway, or a failing one kept
+    revert_delay_s: tuple[float, float] = (0.0, 0.2)  # between applying and reverting
+    followup_p: float = 0.7  # a dissatisfied follow-up when the result is wrong or slow
+    max_followups: int = 1  # per conversation
+    rating_noise_sd: float = 0.5
+    session_timeout_s: float | None = None  # asked of the server per session (None: the server's limit)
+    retry_429_s: float = 0.5  # wait after a "queue full" answer before retrying
+    max_retries: int = 120
+    just_do_it: list[str] = field(default_factory=lambda: ["Just do it.", "Use your judgement.", "Whatever works."])
+    followup_texts: list[str] = field(default_factory=lambda: [
+        "That did not fix it; the tests still fail.", "This is wrong, please look again.",
+        "Too slow, and the result is not right."])
+
+
+def load_population(path: str | Path) -> Population:
+    where = f"users recipe {str(path)!r}"
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"{where}: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping of parameter: value")  # noqa: TRY004
+    known = {f.name: f for f in fields(Population)}
+    defaults = Population()
+    values = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ValueError(f"{where}: unknown parameter {key!r} (parameters: {', '.join(known)})")
+        default = getattr(defaults, key)
+        if isinstance(default, tuple):
+            if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
+                    and value[0] <= value[1]):
+                raise ValueError(f"{where}: {key} must be [low, high] numbers, got {value!r}")
+            value = (float(value[0]), float(value[1]))
+        elif isinstance(default, list):
+            if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+                raise ValueError(f"{where}: {key} must be a non-empty list of strings")
+        elif key.endswith("_p") and not (isinstance(value, (int, float)) and 0 <= value <= 1):
+            raise ValueError(f"{where}: {key} must be a probability in [0, 1], got {value!r}")
+        elif isinstance(default, int) and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"{where}: {key} must be an integer, got {value!r}")
+        elif value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise ValueError(f"{where}: {key} must be a number, got {value!r}")
+        values[key] = value
+    pop = Population(**values)
+    if pop.concurrency < 1 or pop.poll_s <= 0:
+        raise ValueError(f"{where}: concurrency must be >= 1 and poll_s > 0")
+    return pop
+
+
+def hidden_spec(task: Task) -> str:
+    """What the developer knows and the agent does not: the task's scripted answer, else its hidden tests."""
+    if task.meta.get("user_answer"):
+        return str(task.meta["user_answer"])
+    names = []
+    if task.hidden_dir is not None:
+        for f in sorted(task.hidden_dir.rglob("*.py")):
+            names += [f"{f.relative_to(task.hidden_dir).as_posix()}::{n}"
+                      for n in re.findall(r"^\s*def (test_\w+)", f.read_text(errors="replace"), re.MULTILINE)]
+    if not names:
+        return task.instruction
+    return "It is right when these tests pass: " + ", ".join(names[:8])
+
+
+def judge(task: Task, diff: str, submission: str) -> bool:
+    """The developer's verdict: the diff applied to a fresh copy of the repo passes the hidden tests."""
+    workspace = make_workspace(task.repo_dir, prefix="user-")
+    try:
+        if diff.strip():
+            try:
+                apply_patch(workspace, diff)
+            except TaskError:
+                return False
+        return grade(task, workspace, submission).solved
+    finally:
+        remove_workspace(workspace)
+
+
+class Simulation:
+    def __init__(self, server: str, tasks: list[Task], pop: Population, token: str | None = None,
+                 transport: httpx.BaseTransport | None = None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=pop.poll_s + 60,
+                                 limits=httpx.Limits(max_connections=4 * pop.concurrency + 8), transport=transport)
+        self.tasks, self.pop = tasks, pop
+        self.lock = threading.Lock()
+        self.stats: Counter = Counter()
+        self.accepted: list[str] = []
+        self.feedback_sent: list[tuple[str, str]] = []
+        self.latencies: list[dict] = []
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.stats[key] += n
+
+    # ------------------------------------------------------------------ http
+    def _post(self, path: str, body: dict) -> httpx.Response:
+        for _ in range(self.pop.max_retries):
+            r = self.http.post(path, json=body)
+            if r.status_code != 429:
+                return r
+            self.count("rejected_429")
+            time.sleep(self.pop.retry_429_s)
+        return r
+
+    def feedback(self, session_id: str, kind: str, value: float | None = None, text: str | None = None) -> None:
+        r = self.http.post(f"/sessions/{session_id}/feedback", json={"kind": kind, "value": value, "text": text})
+        if r.status_code == 201:
+            with self.lock:
+                self.feedback_sent.append((session_id, kind))
+        else:
+            self.count(f"feedback_error_{r.status_code}")
+
+    # -------------------------------------------------------------- a user
+    def conversation(self, index: int) -> None:
+        rng = random.Random(f"{self.pop.seed}:{index}")
+        task = self.tasks[index % len(self.tasks)]
+        patience = rng.uniform(*self.pop.patience_s)
+        body = {"task_dir": str(task.root), "client": f"user-{index}", "timeout_s": self.pop.session_timeout_s}
+        r = self._post("/sessions", body)
+        for depth in range(self.pop.max_followups + 1):
+            if r.status_code not in (201, 202):
+                self.count(f"submit_error_{r.status_code}")
+                return
+            session_id = r.json()["id"]
+            with self.lock:
+                self.accepted.append(session_id)
+            unhappy = self.follow(session_id, task, patience, rng)
+            if not unhappy or depth == self.pop.max_followups or rng.random() >= self.pop.followup_p:
+                return
+            self.feedback(session_id, "followup_dissatisfied", text="wrong or slow")
+            r = self._post(f"/sessions/{session_id}/messages",
+                           {"text": rng.choice(self.pop.followup_texts), "client": f"user-{index}"})
+            self.count("followups")
+
+    def follow(self, session_id: str, task: Task, patience: float, rng: random.Random) -> bool:
+        """Watch one session to its end and react; True when the user is unhappy with it."""
+        t0, after = time.monotonic(), 0
+        while True:
+            r = self.http.get(f"/sessions/{session_id}", params={"after_turn": after, "wait_s": self.pop.poll_s})
+            if r.status_code != 200:
+                self.count(f"poll_error_{r.status_code}")
+                return True
+            s = r.json()
+            after = s["turn_count"]
+            if s["status"] in TERMINAL:
+                break
+            if s["status"] == "waiting" and s["question"]:
+                time.sleep(rng.uniform(*self.pop.answer_delay_s))
+                helpful = rng.random() < self.pop.answer_helpful_p
+                text = hidden_spec(task) if helpful else rng.choice(self.pop.just_do_it)
+                if self.http.post(f"/sessions/{session_id}/messages", json={"text": text}).status_code == 200:
+                    self.count("answers_helpful" if helpful else "answers_just_do_it")
+            if time.monotonic() - t0 > patience * self.pop.give_up_factor:
+                self.feedback(session_id, "abandoned", value=round(time.monotonic() - t0, 3))
+                self.count("gave_up")
+                return True
+        latency = time.monotonic() - t0
+        slow = latency > patience
+        passed = s["status"] in ("finished", "timed_out") and judge(task, s["diff"] or "", s["submission"] or "")
+        with self.lock:
+            self.stats[f"status_{s['status']}"] += 1
+            self.stats["passed" if passed else "not_passed"] += 1
+            self.latencies.append({"id": session_id, "client_s": latency, "wall_s": s["wall_s"],
+                                   "queue_s": (s["started_at"] or s["created_at"]) - s["created_at"]})
+        if s["diff"]:
+            self.feedback(session_id, "applied")
+            keep = passed != (rng.random() < self.pop.keep_noise_p)
+            if not keep:
+                time.sleep(rng.uniform(*self.pop.revert_delay_s))
+            self.feedback(session_id, "kept" if keep else "reverted")
+        score = (5 if passed else 2) - (1 if slow else 0) + rng.gauss(0, self.pop.rating_noise_sd)
+        self.feedback(session_id, "rating", value=float(min(5, max(1, round(score)))))
+        return not passed or slow
+
+    # --------------------------------------------------------------- a run
+    def run(self, sessions: int, drain_s: float = 600.0) -> dict:
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(self.pop.concurrency) as pool:
+            for f in [pool.submit(self.conversation, i) for i in range(sessions)]:
+                f.result()
+        unfinished = self.drain(drain_s)
+        wall = time.monotonic() - t0
+        return {"conversations": sessions, "accepted": len(self.accepted), "accepted_ids": self.accepted,
+                "feedback_sent": len(self.feedback_sent), "feedback_by_kind": dict(Counter(k for _, k in
+                                                                                        self.feedback_sent)),
+                "unfinished_after_drain": unfinished, "wall_s": round(wall, 3),
+                "sessions_per_s": round(len(self.accepted) / wall, 3) if wall else None,
+                "stats": dict(self.stats), "latencies": self.latencies, "population": asdict(self.pop)}
+
+    def drain(self, timeout_s: float) -> list[str]:
+        """Wait until every accepted session (abandoned ones too) has ended; the ids that did not."""
+        deadline, left = time.monotonic() + timeout_s, []
+        for session_id in self.accepted:
+            while True:
+                r = self.http.get(f"/sessions/{session_id}/result", params={"wait_s": min(self.pop.poll_s, 30)})
+                if r.status_code in (200, 408) or time.monotonic() > deadline:
+                    break
+            if r.status_code not in (200, 408):
+                left.append(session_id)
+        return left
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--server", required=True, help="the agent server's URL")
+    p.add_argument("--tasks", required=True, help="task set: samples | factory:<split>[/...] | a directory")
+    p.add_argument("--sessions", type=int, required=True, help="conversations to play (follow-ups come on top)")
+    p.add_argument("--recipe", required=True, help="the population's parameters (YAML)")
+    p.add_argument("--token", default=None, help="bearer token, when the server needs one")
+    p.add_argument("--report", default=None, help="write the run's report (JSON) here")
+    args = p.parse_args(argv)
+    try:
+        pop = load_population(args.recipe)
+        tasks = resolve_task_set(args.tasks).tasks
+    except (ValueError, TaskError) as e:
+        print(f"env.users: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        report = Simulation(args.server, tasks, pop, args.token).run(args.sessions)
+    except httpx.HTTPError as e:
+        print(f"env.users: error: server {args.server}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    if args.report:
+        Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k not in ("accepted_ids", "latencies", "population")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

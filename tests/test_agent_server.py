@@ -1,0 +1,205 @@
+"""agent.py serve as a real process: simulated users, nothing lost, faults, auth, queue limits, timeouts."""
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from env.task_sets import SAMPLES_DIR
+from env.tasks import load_task_set
+from env.users import Population, Simulation
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = SAMPLES_DIR / "fix_bug_leap_century"
+
+
+class Server:
+    """`agent.py serve --port 0` in a subprocess; the port is read from its first line of output."""
+
+    def __init__(self, tmp: Path, *args: str, host: str = "127.0.0.1", token: str | None = None):
+        self.db, self.host, self.token = tmp / "sessions.db", host, token
+        cmd = [sys.executable, str(ROOT / "agent.py"), "serve", "--host", host, "--port", "0", "--db", str(self.db),
+               "--registry", str(tmp / "registry"), *args, *(["--token", token] if token else [])]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        assert "agent server on http://" in line, line + self.proc.stderr.read()
+        self.url = line.split()[3]
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=70)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if self.http.get("/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise AssertionError("server never became healthy")
+
+    def db_rows(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with sqlite3.connect(self.db) as conn:
+            return conn.execute(sql, args).fetchall()
+
+    def wait_status(self, session_id: str, statuses: tuple[str, ...], timeout_s: float = 30) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            s = self.http.get(f"/sessions/{session_id}", params={"wait_s": 1}).json()
+            if s["status"] in statuses:
+                return s
+        raise AssertionError(f"session {session_id} never reached {statuses}: {s['status']}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.http.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def oracle_server(tmp_path_factory):
+    server = Server(tmp_path_factory.mktemp("oracle"), "--model", "oracle", "--workers", "4")
+    yield server
+    server.stop()
+
+
+def test_simulated_users_nothing_lost(oracle_server, tmp_path):
+    tasks = load_task_set(SAMPLES_DIR)
+    pop = Population(seed=1, concurrency=4, patience_s=(60, 60), poll_s=5)
+    report = Simulation(oracle_server.url, tasks, pop).run(12, drain_s=120)
+    assert report["accepted"] == 12 and not report["unfinished_after_drain"], report
+    ids = set(report["accepted_ids"])
+    stored = dict(oracle_server.db_rows("SELECT id, status FROM sessions"))
+    assert ids <= set(stored) and all(stored[i] == "finished" for i in ids)
+    in_db = oracle_server.db_rows(f"SELECT COUNT(*) FROM feedback WHERE session_id IN ({','.join('?' * len(ids))})",
+                                  tuple(ids))[0][0]
+    assert in_db == report["feedback_sent"] > 0
+    assert report["stats"].get("passed") == 12  # the oracle solves every sample; the user's hidden grade agrees
+    # every turn, with its tool calls and their results, is stored; the model version that served is recorded
+    rows = oracle_server.db_rows("SELECT model_version, exit_status, diff FROM sessions WHERE id = ?",
+                                 (report["accepted_ids"][0],))
+    assert rows[0][0] == "oracle" and rows[0][1] == "submitted"
+    assert oracle_server.db_rows("SELECT COUNT(*) FROM tool_calls WHERE result IS NULL")[0][0] == 0
+    # export: one trajectory record per session with the session's fields and feedback
+    out = tmp_path / "sessions.jsonl"
+    proc = subprocess.run([sys.executable, "agent.py", "sessions", "--db", str(oracle_server.db), "--export", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    records = {r["session_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert ids <= set(records)
+    record = records[report["accepted_ids"][0]]
+    assert record["exit_status"] == "submitted" and record["n_turns"] == len(record["turns"]) > 0
+    assert record["model_version"] == "oracle" and record["messages"][0]["role"] == "system"
+    assert {f["kind"] for f in record["feedback"]} >= {"rating"}
+
+
+def test_bad_requests_get_4xx_with_a_reason(oracle_server):
+    http = oracle_server.http
+    cases = [
+        (http.post("/sessions", content=b"{not json", headers={"content-type": "application/json"}), 422),
+        (http.post("/sessions", json={"task_dir": str(TASK), "bogus": 1}), 422),
+        (http.post("/sessions", json={"repo": "/nonexistent/repo", "instruction": "x"}), 400),
+        (http.post("/sessions", json={"repo": str(TASK / "repo"), "task_dir": str(TASK)}), 400),
+        (http.post("/sessions", json={"task_dir": str(ROOT)}), 400),
+        (http.get("/sessions/no-such-session"), 404),
+        (http.post("/sessions/no-such-session/feedback", json={"kind": "kept"}), 404),
+        (http.post("/sessions/no-such-session/messages", json={"text": "hi"}), 404),
+        (http.post("/admin/promote", json={"version": "no-such-version"}), 404),
+    ]
+    for response, status in cases:
+        assert response.status_code == status, response.text
+        assert response.json()["error"], response.text
+
+
+def test_timeout_promotion_and_feedback_validation(oracle_server, tmp_path):
+    http = oracle_server.http
+    slow = http.post("/sessions", json={"task_dir": str(TASK), "timeout_s": 0.001}).json()["id"]
+    r = http.get(f"/sessions/{slow}/result", params={"wait_s": 30})
+    assert r.status_code == 408 and "time limit" in r.json()["error"]
+    assert http.post(f"/sessions/{slow}/feedback", json={"kind": "bogus"}).status_code == 422
+    assert http.post(f"/sessions/{slow}/feedback", json={"kind": "rating", "value": 9}).status_code == 422
+    # a new version, promoted without a restart, serves the next session
+    from nanocomposer.agent.registry import Registry
+
+    Registry(oracle_server.db.parent / "registry").add("noop-v2", "noop")
+    assert http.post("/admin/promote", json={"version": "noop-v2"}).json() == {"current": "noop-v2"}
+    assert http.get("/admin/versions").json()["versions"] == ["noop-v2", "oracle"]
+    sid = http.post("/sessions", json={"task_dir": str(TASK)}).json()["id"]
+    s = http.get(f"/sessions/{sid}/result", params={"wait_s": 30}).json()
+    assert s["model_version"] == "noop-v2" and s["policy"] == "noop" and s["diff"] == ""
+    http.post("/admin/promote", json={"version": "oracle"})
+
+
+def ask_then_submit(tmp_path: Path) -> Path:
+    turns = [{"name": "ask_user", "arguments": {"question": "Which century rule?"}},
+             {"name": "submit", "arguments": {"summary": "done"}}]
+    path = tmp_path / "ask.json"
+    path.write_text(json.dumps([f"<tool_call>\n{json.dumps(t)}\n</tool_call>" for t in turns]))
+    return path
+
+
+def test_ask_user_queue_full_kill_and_restart(tmp_path):
+    replay = ask_then_submit(tmp_path)
+    doomed = tmp_path / "doomed"
+    shutil.copytree(TASK, doomed)
+    args = ["--model", f"replay:{replay}", "--workers", "1", "--max-queue", "3"]
+    server = Server(tmp_path, *args, "--answer-timeout-s", "60")
+    http = server.http
+    a = http.post("/sessions", json={"task_dir": str(TASK)}).json()["id"]
+    s = server.wait_status(a, ("waiting",))
+    assert s["question"] == "Which century rule?"
+    assert http.post(f"/sessions/{a}/feedback", json={"kind": "rating", "value": 3}).status_code == 201
+    queued = [http.post("/sessions", json={"task_dir": str(t)}).json()["id"] for t in (TASK, TASK, doomed)]
+    full = http.post("/sessions", json={"task_dir": str(TASK)})
+    assert full.status_code == 429 and "queue is full" in full.json()["error"]
+    # the answer becomes the tool result; the session finishes on the same worker
+    assert http.post(f"/sessions/{a}/messages", json={"text": "Every 400 years."}).json()["delivered"] == "answer"
+    done = http.get(f"/sessions/{a}/result", params={"wait_s": 30}).json()
+    assert done["status"] == "finished" and done["turns"][0]["calls"][0]["result"] == "Every 400 years."
+    b = queued[0]
+    server.wait_status(b, ("waiting",))
+    assert http.post(f"/sessions/{queued[1]}/messages", json={"text": "x"}).status_code == 409  # queued, no question
+    server.stop(signal.SIGKILL)  # b is waiting on its worker, two sessions queued
+    shutil.rmtree(doomed)
+
+    server = Server(tmp_path, *args, "--answer-timeout-s", "0.5")
+    http = server.http
+    after = {sid: server.wait_status(sid, ("finished", "failed", "interrupted")) for sid in [a, *queued]}
+    assert after[b]["status"] == "interrupted" and "stopped" in after[b]["status_reason"]
+    assert after[queued[1]]["status"] == "finished"  # resumed; its question timed out to the scripted answer
+    assert after[queued[1]]["turns"][0]["calls"][0]["result"].startswith("No further information")
+    assert after[queued[2]]["status"] == "failed" and "doomed" in after[queued[2]]["status_reason"]
+    assert server.db_rows("SELECT COUNT(*) FROM sessions")[0][0] == 4  # every accepted session, none dropped
+    assert server.db_rows("SELECT COUNT(*) FROM feedback")[0][0] == 1
+    # a message to an ended session starts a follow-up session
+    r = http.post(f"/sessions/{a}/messages", json={"text": "Not right, try again."})
+    assert r.status_code == 202 and r.json()["parent_id"] == a
+    child = server.wait_status(r.json()["id"], ("finished",))
+    assert child["parent_id"] == a and "Not right, try again." in child["instruction"]
+    server.stop()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.2"])
+def test_token_required_beyond_localhost(tmp_path, host):
+    cmd = [sys.executable, "agent.py", "serve", "--host", host, "--port", "0", "--model", "noop",
+           "--db", str(tmp_path / "s.db"), "--registry", str(tmp_path / "registry")]
+    env = {k: v for k, v in os.environ.items() if k != "NANOCOMPOSER_TOKEN"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert proc.returncode == 2 and "without a token" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    server = Server(tmp_path, "--model", "noop", host=host, token="s3cret")
+    try:
+        assert server.http.get("/health").status_code == 200
+        bare = httpx.Client(base_url=server.url, timeout=10)
+        assert bare.get("/health").status_code == 401
+        assert bare.get("/health", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        r = bare.post("/sessions", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 401 and "token" in r.json()["error"]  # refused before the body is read
+        assert server.db_rows("SELECT COUNT(*) FROM sessions")[0][0] == 0
+    finally:
+        server.stop()
