@@ -189,7 +189,10 @@ class Simulation:
             self.count("followups")
 
     def follow(self, session_id: str, task: Task, patience: float, rng: random.Random) -> bool:
-        """Watch one session to its end and react; True when the user is unhappy with it."""
+        """Watch one session to its end and react; True when the user is unhappy with its result.
+
+        A user who gives up says so (feedback `abandoned`) and walks away: no follow-up on a session still running.
+        """
         t0, after = time.monotonic(), 0
         while True:
             r = self.http.get(f"/sessions/{session_id}", params={"after_turn": after, "wait_s": self.pop.poll_s})
@@ -209,7 +212,7 @@ class Simulation:
             if time.monotonic() - t0 > patience * self.pop.give_up_factor:
                 self.feedback(session_id, "abandoned", value=round(time.monotonic() - t0, 3))
                 self.count("gave_up")
-                return True
+                return False
         latency = time.monotonic() - t0
         slow = latency > patience
         passed = s["status"] in ("finished", "timed_out") and judge(task, s["diff"] or "", s["submission"] or "")

@@ -1,0 +1,124 @@
+"""env/users.py: the simulated developer's judgement and reactions, against a scripted fake server."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from env.task_sets import SAMPLES_DIR
+from env.tasks import load_task
+from env.users import Population, Simulation, hidden_spec, judge, load_population
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = load_task(SAMPLES_DIR / "fix_bug_leap_century")
+WRONG = "--- a/leapyear.py\n+++ b/leapyear.py\n@@ -1 +1,2 @@\n" + \
+    (TASK.repo_dir / "leapyear.py").read_text().splitlines(keepends=True)[0] + "+# looked at it\n"
+
+
+class FakeServer:
+    """Sessions that ask one question, then end with a given diff (or never end)."""
+
+    def __init__(self, diff: str, finishes: bool = True):
+        self.diff, self.finishes = diff, finishes
+        self.sessions: dict[str, dict] = {}
+        self.feedback: list[tuple[str, str, float | None]] = []
+        self.messages: list[tuple[str, str]] = []
+
+    def new(self, parent: str | None = None) -> str:
+        sid = f"s{len(self.sessions) + 1}"
+        self.sessions[sid] = {"id": sid, "status": "waiting", "question": "Which rule?", "turn_count": 1,
+                              "diff": None, "submission": "", "wall_s": 0.1, "created_at": 0.0, "started_at": 0.0,
+                              "parent_id": parent}
+        return sid
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        parts = request.url.path.strip("/").split("/")
+        body = json.loads(request.content) if request.content else {}
+        if request.method == "POST" and parts == ["sessions"]:
+            return httpx.Response(201, json={"id": self.new(), "status": "queued"})
+        s = self.sessions[parts[1]]
+        if request.method == "GET":
+            return httpx.Response(200, json=s)
+        if parts[2] == "feedback":
+            self.feedback.append((s["id"], body["kind"], body.get("value")))
+            return httpx.Response(201, json={"id": len(self.feedback)})
+        self.messages.append((s["id"], body["text"]))
+        if s["status"] == "waiting":
+            s.update(status="finished" if self.finishes else "running", question=None, diff=self.diff)
+            return httpx.Response(200, json={"delivered": "answer"})
+        return httpx.Response(202, json={"id": self.new(parent=s["id"]), "parent_id": s["id"]})
+
+
+def simulate(server: FakeServer, **population) -> dict:
+    pop = Population(**{"seed": 0, "concurrency": 1, "poll_s": 0.01, "answer_delay_s": (0, 0), "rating_noise_sd": 0,
+                        "keep_noise_p": 0, "revert_delay_s": (0, 0), **population})
+    return Simulation("http://fake", [TASK], pop, transport=httpx.MockTransport(server.handler)).run(1, drain_s=5)
+
+
+def test_a_correct_result_is_kept_and_rated_high():
+    server = FakeServer(TASK.gold_patch)
+    report = simulate(server, answer_helpful_p=1.0)
+    assert server.messages[0][1] == hidden_spec(TASK) and "test_" in hidden_spec(TASK)  # the hidden spec
+    assert server.feedback == [("s1", "applied", None), ("s1", "kept", None), ("s1", "rating", 5.0)]
+    assert report["accepted"] == 1 and report["feedback_sent"] == 3 and report["stats"]["passed"] == 1
+
+
+def test_a_wrong_result_is_reverted_and_followed_up():
+    server = FakeServer(WRONG)
+    report = simulate(server, answer_helpful_p=0.0, followup_p=1.0, max_followups=1)
+    assert server.messages[0][1] in Population().just_do_it
+    kinds = [(sid, kind) for sid, kind, _ in server.feedback]
+    assert kinds == [("s1", "applied"), ("s1", "reverted"), ("s1", "rating"), ("s1", "followup_dissatisfied"),
+                     ("s2", "applied"), ("s2", "reverted"), ("s2", "rating")]  # one follow-up at most
+    assert server.sessions["s2"]["parent_id"] == "s1" and report["accepted"] == 2
+    assert report["feedback_sent"] == len(server.feedback) and report["stats"]["not_passed"] == 2
+
+
+def test_an_empty_result_is_not_applied_and_noise_can_keep_a_wrong_one():
+    server = FakeServer("")
+    simulate(server, followup_p=0.0)
+    assert [k for _, k, _ in server.feedback] == ["rating"]
+    server = FakeServer(WRONG)
+    simulate(server, followup_p=0.0, keep_noise_p=1.0)
+    assert [k for _, k, _ in server.feedback] == ["applied", "kept", "rating"]
+
+
+def test_a_slow_session_is_abandoned():
+    server = FakeServer(TASK.gold_patch, finishes=False)
+    pop = Population(poll_s=0.01, patience_s=(0.05, 0.05), give_up_factor=1.0, answer_delay_s=(0, 0))
+    sim = Simulation("http://fake", [TASK], pop, transport=httpx.MockTransport(server.handler))
+    sim.conversation(0)
+    assert [k for _, k, _ in server.feedback] == ["abandoned"] and sim.stats["gave_up"] == 1
+
+
+def test_judge_uses_the_hidden_tests():
+    assert judge(TASK, TASK.gold_patch, "")
+    assert not judge(TASK, "", "") and not judge(TASK, WRONG, "")
+    assert not judge(TASK, "--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n", "")  # does not apply
+
+
+def test_recipe_loads_and_bad_recipes_name_the_key(tmp_path):
+    pop = load_population(ROOT / "recipes/tiny/users.yaml")
+    assert pop.concurrency == 4 and pop.patience_s[0] <= pop.patience_s[1]
+    for text, key in [("nope: 1", "nope"), ("followup_p: 2", "followup_p"), ("patience_s: [5, 1]", "patience_s"),
+                      ("concurrency: 1.5", "concurrency"), ("just_do_it: []", "just_do_it")]:
+        path = tmp_path / "bad.yaml"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=key):
+            load_population(path)
+
+
+def test_users_is_a_pure_http_client():
+    code = ("import sys, env.users; bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'nanocomposer', 'fastapi', 'uvicorn', 'transformers')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "env.users", "--server", "http://127.0.0.1:9", "--tasks", "samples",
+                           "--sessions", "1", "--recipe", str(tmp_path / "missing.yaml")],
+                          cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("env.users: error: users recipe")
