@@ -20,7 +20,7 @@ from data.build_tasks import (
     unit_size,
 )
 from data.families import FAMILIES
-from data.families.base import SourceProject, load_projects, parse_failure
+from data.families.base import MICRO_MAX_CHARS, SourceProject, load_projects, parse_failure
 from data.families.fix_lint import INJECTORS, SIDE_EFFECT_CODES, ruff_diagnostics
 from data.families.locate import checker_source
 from env.tasks import Task, apply_patch, grade, load_task, load_task_set
@@ -99,8 +99,9 @@ def test_small_build_layout_manifest_and_no_leakage(small_build):
         assert t.root.parent.name == t.meta["split"]
         assert t.meta["project"] in manifest["splits"][t.meta["split"]]
         assert len(manifest["tasks"][t.id]["sha256"]) == 64
-        if t.meta["tier"] == "micro":  # fits the tiny model's context
-            assert sum(len(p.read_text()) for p in t.repo_dir.rglob("*") if p.is_file()) < 1500
+        if t.meta["tier"] == "micro":  # fits the tiny model's context, and ships the tests run_tests runs
+            assert sum(len(p.read_text()) for p in t.repo_dir.rglob("*") if p.is_file()) < MICRO_MAX_CHARS
+            assert any(p.name.startswith("test_") for p in t.repo_dir.rglob("*.py"))
     assert manifest["candidates"]["fix_bug"]["accepted"] == len([t for t in tasks if t.meta["family"] == "fix_bug"])
 
 

@@ -24,7 +24,9 @@ from pathlib import Path
 from env.tasks import Grade, apply_patch, grade, load_task, write_task
 
 MICRO_PREFIX = "micro_"
-MICRO_MAX_CHARS = 1500  # whole visible repo of a micro task: fits a 1,024-token context with the prompt
+# whole visible repo of a micro task (module + its tests): about 900 tokens, so the module, a test run's
+# output and the prompt fit a 2,048-token context
+MICRO_MAX_CHARS = 3000
 VALIDATION_TIMEOUT_S = 10  # a mutant that hangs longer is rejected: every RL rollout would pay for it
 SUPPORT_FILES = ("conftest.py", "ruff.toml")  # kept pristine in hidden/ (tests' sys.path, lint rules)
 STDLIB_TEST_COMMAND = "python -m unittest -q test_{name}"
@@ -64,14 +66,15 @@ class SourceProject:
         return {rel: text for rel, text in self.files.items() if self.is_test_file(rel) or rel in SUPPORT_FILES}
 
     def visible_repo(self, files: dict[str, str] | None = None) -> dict[str, str]:
-        """The agent's starting repo: all files for `repo` tier, only the modules for `micro`.
+        """The agent's starting repo: all files for `repo` tier, the modules and their tests for `micro`.
 
-        A micro task has to fit a tiny model's context, so its tests (and README) stay hidden;
-        the instruction carries what the agent needs from them.
+        A micro task has to fit a tiny model's context, so its README and support files stay out; its
+        tests stay in, so that `run_tests` runs them (without them it reports "no tests ran" and the agent
+        can never check its work). Grading still runs the pristine copies from hidden/.
         """
         files = self.files if files is None else files
         if self.tier == "micro":
-            return {rel: files[rel] for rel in self.source_files}
+            return {rel: files[rel] for rel in [*self.source_files, *sorted(self.test_files)]}
         return dict(files)
 
 
