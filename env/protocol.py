@@ -12,16 +12,28 @@ unknown tool, missing, unexpected or mistyped arguments, an unclosed or stray ta
 a `MalformedCall` whose `error` says exactly what was wrong. The episode answers it with a
 tool message carrying that error and counts it, which is what lets RL treat malformed
 calls as explicit negatives (Composer's fix for "hack 1", recipe section 6).
+
+`parse_turn` never raises, whatever the text: JSON nested deeper than `MAX_DEPTH`, integers
+outside +-(2**63 - 1) (Python refuses to even print ints of 4,300+ digits), NaN / Infinity
+(not JSON) and duplicate keys are malformed calls too. Every string it returns (prose, raw
+blocks, errors, argument values and keys) is UTF-8 encodable: lone surrogates, which a
+JSON `\ud800` escape or a careless policy can produce and which crash any UTF-8 writer
+later, are replaced by U+FFFD (`utf8_clean`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _TAG = re.compile(r"</?tool_call>")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+MAX_DEPTH = 32  # tool arguments are flat; anything this deep is garbage, and deeper JSON exhausts recursion
+MAX_INT = 2**63 - 1  # larger integers are never meaningful tool arguments
+_PREVIEW_CHARS = 60
 
 _JSON_TYPES = {
     "string": (str,),
@@ -60,6 +72,86 @@ class ParsedTurn:
         return [c for c in self.calls if isinstance(c, MalformedCall)]
 
 
+class _BadJSON(ValueError):
+    """A JSON text that decodes but holds something a tool call must not (NaN, a 5,000-digit integer, ...)."""
+
+
+def utf8_clean(text: str) -> str:
+    """`text` with every surrogate code point replaced by U+FFFD, so it always encodes as UTF-8."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def preview(value, limit: int = _PREVIEW_CHARS) -> str:
+    """A short, ASCII-safe rendering of any value for an error message (never raises)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+    try:  # repr escapes surrogates and control characters; JSON spelling for everything else
+        text = repr(value) if isinstance(value, str) else json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError, RecursionError):
+        text = ascii(value) if not isinstance(value, (list, dict)) else f"<a {type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _parse_int(text: str) -> int:
+    digits = text.lstrip("-")
+    if len(digits) > 19 or abs(int(text)) > MAX_INT:
+        raise _BadJSON(f"integer {preview(text, 24)} ({len(digits)} digits) is out of range; "
+                       f"integers must lie within +-{MAX_INT}")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _BadJSON(f"number {preview(text, 24)} is out of range")
+    return value
+
+
+def _parse_constant(name: str):
+    raise _BadJSON(f"{name} is not valid JSON; use a number or null")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _BadJSON(f"duplicate key {preview(key)}")
+        out[key] = value
+    return out
+
+
+def _clean_payload(value, depth: int = 0):
+    """Surrogate-free copy of a decoded JSON value; _BadJSON when nested deeper than MAX_DEPTH."""
+    if depth > MAX_DEPTH:
+        raise _BadJSON(f"JSON nested more than {MAX_DEPTH} levels deep")
+    if isinstance(value, str):
+        return utf8_clean(value)
+    if isinstance(value, list):
+        return [_clean_payload(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {utf8_clean(k): _clean_payload(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+def decode_call_json(body: str):
+    """The decoded JSON of one block, cleaned and bounded; ValueError with a one-line reason otherwise."""
+    try:
+        payload = json.loads(body, parse_int=_parse_int, parse_float=_parse_float,
+                             parse_constant=_parse_constant, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON in tool call: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except _BadJSON as e:
+        raise ValueError(f"invalid JSON in tool call: {e}") from None
+    except RecursionError:
+        raise ValueError(f"invalid JSON in tool call: nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError as e:  # anything else the decoder refuses
+        raise ValueError(f"invalid JSON in tool call: {utf8_clean(str(e))[:200]}") from None
+    try:
+        return _clean_payload(payload)
+    except _BadJSON as e:
+        raise ValueError(f"invalid JSON in tool call: {e}") from None
+
+
 def format_tool_call(name: str, arguments: dict) -> str:
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CLOSE}"
 
@@ -84,9 +176,15 @@ def _type_error(value, spec: dict) -> str | None:
     types = _JSON_TYPES.get(expected, ())
     ok = isinstance(value, types) and not (expected in ("integer", "number") and isinstance(value, bool))
     if not ok:
-        return f"must be of type {expected}, got {type(value).__name__} {json.dumps(value)[:40]}"
+        return f"must be of type {expected}, got {type(value).__name__} {preview(value, 40)}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        return f"is out of range (at most {MAX_INT} in size), got {preview(value, 40)}"
+    if isinstance(value, str) and _SURROGATE.search(value):
+        return "must be valid unicode text (it holds a lone surrogate)"
     if "enum" in spec and value not in spec["enum"]:
-        return f"must be one of {spec['enum']}, got {value!r}"
+        return f"must be one of {spec['enum']}, got {preview(value, 40)}"
     return None
 
 
@@ -97,12 +195,15 @@ def validate_call(payload, schemas: dict[str, dict], raw: str) -> ToolCall | Mal
     name = payload.get("name")
     if not isinstance(name, str) or not name:
         return MalformedCall(raw, 'a tool call needs a "name" string')
+    name = utf8_clean(name)
     extra = set(payload) - {"name", "arguments"}
     if extra:
-        return MalformedCall(raw, f'unexpected keys {sorted(extra)}: a tool call has only "name" and "arguments"',
-                             name)
+        shown = ", ".join(preview(k, 30) for k in sorted(extra, key=str)[:5])
+        return MalformedCall(raw, f'unexpected keys [{shown}]: a tool call has only "name" and "arguments"',
+                             preview(name, 100))
     if name not in schemas:
-        return MalformedCall(raw, f"unknown tool {name!r}; available tools: {', '.join(sorted(schemas))}", name)
+        return MalformedCall(raw, f"unknown tool {preview(name)}; available tools: {', '.join(sorted(schemas))}",
+                             preview(name, 100))
     arguments = payload.get("arguments", {})
     if not isinstance(arguments, dict):
         return MalformedCall(raw, f'"arguments" must be a JSON object, got {type(arguments).__name__}', name)
@@ -114,7 +215,7 @@ def validate_call(payload, schemas: dict[str, dict], raw: str) -> ToolCall | Mal
             problems.append(f"missing required argument {key!r}")
     for key, value in arguments.items():
         if key not in properties:
-            problems.append(f"unexpected argument {key!r} (allowed: {', '.join(properties) or 'none'})")
+            problems.append(f"unexpected argument {preview(key, 40)} (allowed: {', '.join(properties) or 'none'})")
         elif (err := _type_error(value, properties[key])) is not None:
             problems.append(f"argument {key!r} {err}")
     if problems:
@@ -123,7 +224,13 @@ def validate_call(payload, schemas: dict[str, dict], raw: str) -> ToolCall | Mal
 
 
 def parse_turn(text: str, schemas: dict[str, dict]) -> ParsedTurn:
-    """Split an assistant turn into prose and calls; never raises on any input string."""
+    """Split an assistant turn into prose and calls; never raises on any input string.
+
+    The turn is read after `utf8_clean`, so `raw` and `content` may differ from `text` in exactly
+    the surrogates it replaced."""
+    if not isinstance(text, str):  # a policy bug; still a turn, not a crash
+        text = text.decode("utf-8", "replace") if isinstance(text, (bytes, bytearray)) else str(text)
+    text = utf8_clean(text)
     calls: list[ToolCall | MalformedCall] = []
     prose: list[str] = []
     pos = 0
@@ -147,9 +254,9 @@ def parse_turn(text: str, schemas: dict[str, dict]) -> ParsedTurn:
         body = text[m.end():nxt.start()].strip()
         pos = nxt.end()
         try:
-            payload = json.loads(body)
-        except json.JSONDecodeError as e:
-            calls.append(MalformedCall(raw, f"invalid JSON in tool call: {e.msg} at line {e.lineno} column {e.colno}"))
+            payload = decode_call_json(body)
+        except ValueError as e:
+            calls.append(MalformedCall(raw, str(e)))
             continue
         calls.append(validate_call(payload, schemas, raw))
     return ParsedTurn("".join(prose).strip(), calls)

@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from env.protocol import MalformedCall, ToolCall, format_assistant_turn, format_tool_call, parse_turn
+from env.protocol import (
+    MalformedCall,
+    ToolCall,
+    format_assistant_turn,
+    format_tool_call,
+    parse_turn,
+    preview,
+    utf8_clean,
+    validate_call,
+)
 
 SCHEMAS = {
     "read_file": {"parameters": {"type": "object", "required": ["path"], "properties": {
@@ -90,3 +99,33 @@ def test_fuzz_arbitrary_json_payloads(payload):
     assert len(turn.calls) == 1
     call = turn.calls[0]
     assert isinstance(call, MalformedCall) or (call.name in SCHEMAS and isinstance(call.arguments, dict))
+
+
+def test_values_no_json_can_hold_are_refused_on_direct_validation():
+    for value, expected in [(10**5000, "out of range"), (float("nan"), "got float NaN"), (float("inf"), "got float Infinity"),
+                            ("a\ud800", "lone surrogate")]:
+        key = "path" if isinstance(value, str) else "start_line"
+        args = {"path": "a", key: value}
+        call = validate_call({"name": "read_file", "arguments": args}, SCHEMAS, "")
+        assert isinstance(call, MalformedCall) and expected in call.error
+        call.error.encode("utf-8")
+
+
+def test_non_finite_numbers_are_refused_for_number_arguments():
+    schemas = {"sleep": {"parameters": {"type": "object", "properties": {"s": {"type": "number"}}}}}
+    for value in (float("nan"), float("-inf")):
+        call = validate_call({"name": "sleep", "arguments": {"s": value}}, schemas, "")
+        assert isinstance(call, MalformedCall) and "must be a finite number" in call.error
+    assert "out of range" in validate_call({"name": "sleep", "arguments": {"s": 1e300}}, schemas, "").error
+
+
+def test_preview_and_utf8_clean_never_raise():
+    assert preview(10**5000).startswith("<an integer of about 5001 digits")
+    assert preview("x" * 1000, 20) == repr("x" * 1000)[:17] + "..."
+    assert preview("\ud800") == "'\\ud800'"
+    assert utf8_clean("a\ud800b\udfff") == "a\ufffdb\ufffd" and utf8_clean("🙂") == "🙂"
+
+
+def test_unknown_tool_names_are_shown_short():
+    turn = parse_turn(block(json.dumps({"name": "x" * 10_000, "arguments": {}})), SCHEMAS)
+    assert len(turn.calls[0].error) < 200 and len(turn.calls[0].name) <= 100
