@@ -8,27 +8,45 @@ code the agent controls (run, lint, run_tests) goes through `env.sandbox.Sandbox
 
 Adding a tool: add a public method here with a typed signature and a docstring. That is
 the whole change: the schema, the parser's validation and the dispatch follow from it.
+
+`call_tool` never raises on what a model wrote: it validates the arguments against the
+schemas itself (so direct callers get the parser's checks too), tool failures the agent
+caused (bad paths, symlink loops, FIFOs, NUL bytes, a spent time budget) come back as
+"Error: ..." text, and anything unforeseen as "Error: internal error ..." (logged). Every
+result is UTF-8 encodable (`protocol.utf8_clean`), whatever bytes the commands printed or
+the file names held.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import logging
+import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from env.protocol import MalformedCall, preview, utf8_clean, validate_call
 from env.sandbox import Sandbox
 from env.tasks import Task
 from env.workspace import PathError, resolve_in
+
+log = logging.getLogger(__name__)
 
 NO_INFORMATION = "No further information is available. Proceed with your best judgement."
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "node_modules"}
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
 _CAMEL = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+MAX_READ_BYTES = 16 * 1024 * 1024  # read_file / edit_file refuse larger files (the harness holds them in memory)
+MAX_INDEXED_BYTES = 1024 * 1024  # search skips larger files (generated data, not code)
+MAX_PATH_CHARS, MAX_PATH_DEPTH = 4096, 256  # Linux PATH_MAX; far deeper than any real repository
+MAX_COMMAND_CHARS = 100_000  # one exec argument may hold at most 128 KiB (Linux MAX_ARG_STRLEN)
 
 
 class ToolError(Exception):
@@ -55,15 +73,32 @@ def code_tokens(text: str) -> list[str]:
     return out
 
 
-def iter_files(root: Path):
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root)
-        if p.is_file() and not p.is_symlink() and not (set(rel.parts) & _SKIP_DIRS):
-            yield p
+def iter_files(root: Path) -> list[Path]:
+    """Regular files below `root`, sorted by path; symlinks, FIFOs, sockets, devices and caches are skipped,
+    and symlinked directories are never entered (so loops and links to host directories are harmless)."""
+    root = Path(root)
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):  # never follows symlinks; unreadable dirs are skipped
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        for name in filenames:
+            path = Path(dirpath) / name
+            try:
+                if stat.S_ISREG(path.lstat().st_mode):
+                    found.append(path)
+            except OSError:  # vanished meanwhile (a concurrent command), or a name the OS refuses
+                continue
+    return sorted(found, key=lambda p: p.relative_to(root).parts)
 
 
 class CodeTools:
-    """Tools over one episode's workspace. Construct one per episode."""
+    """Tools over one episode's workspace. Construct one per episode.
+
+    Attributes a caller may set after construction:
+        deadline: a `time.monotonic()` instant, or None (the default) for no deadline. Every command
+            (run, run_tests, lint, and grep's ripgrep) gets at most the time left until it as its timeout,
+            and once it has passed those tools answer with an error instead of running anything. The
+            episode sets it from its wall-clock budget, so one long command cannot overrun the budget.
+    """
 
     def __init__(self, workspace: Path, task: Task | None = None, *, sandbox: Sandbox | None = None,
                  max_output_chars: int = 4000, command_timeout_s: float = 30.0, chunk_lines: int = 30,
@@ -79,6 +114,7 @@ class CodeTools:
         self.submitted = False
         self.submission = ""
         self.command_s = 0.0  # time spent inside sandboxed commands (the rest is harness overhead)
+        self.deadline: float | None = None  # see the class docstring
         self._index = None  # (signature of the tree, retriever, chunks)
 
     # ----------------------------------------------------------------- tools
@@ -91,7 +127,7 @@ class CodeTools:
             end_line: Last line to show (inclusive). Default: the last line.
         """
         file = self._file(path)
-        lines = file.read_text(errors="replace").splitlines()
+        lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
         start = max(1, start_line or 1)
         end = min(len(lines), end_line or len(lines))
         if lines and start > len(lines):
@@ -109,22 +145,23 @@ class CodeTools:
             old_str: The exact text to replace (with its indentation), or "" to create a file.
             new_str: The replacement text.
         """
-        target = resolve_in(self.workspace, path)
+        target = self._resolve(path)
         if old_str == "":
-            if target.exists():
+            if target.exists() or target.is_symlink():
                 raise ToolError(f"{path} already exists; to change it, pass the text to replace as old_str")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(new_str)
+            target.write_text(new_str, encoding="utf-8")
             return f"Created {path} ({len(new_str.splitlines())} lines)."
         file = self._file(path)
-        text = file.read_text(errors="replace")
+        # surrogateescape: bytes that are not UTF-8 survive the round trip untouched (old_str cannot match them)
+        text = file.read_text(encoding="utf-8", errors="surrogateescape")
         count = text.count(old_str)
         if count == 0:
             raise ToolError(f"old_str was not found in {path}; read the file and copy the text exactly")
         if count > 1:
             raise ToolError(f"old_str occurs {count} times in {path}; include more lines to make it unique")
         line = text[: text.index(old_str)].count("\n") + 1
-        file.write_text(text.replace(old_str, new_str, 1))
+        file.write_text(text.replace(old_str, new_str, 1), encoding="utf-8", errors="surrogateescape")
         return f"Edited {path} at line {line}: replaced {len(old_str.splitlines())} line(s) " \
                f"with {len(new_str.splitlines())}."
 
@@ -135,13 +172,21 @@ class CodeTools:
             pattern: A regular expression (ripgrep syntax).
             path: File or directory to search, relative to the repository root.
         """
-        target = resolve_in(self.workspace, path, must_exist=True)
-        rel = target.relative_to(self.workspace).as_posix() or "."
+        if "\0" in pattern:
+            raise ToolError("pattern contains a NUL byte")
+        if len(pattern) > MAX_COMMAND_CHARS:
+            raise ToolError(f"pattern is {len(pattern)} characters long; at most {MAX_COMMAND_CHARS}")
+        target = self._resolve(path, must_exist=True)
+        if not (target.is_dir() or self._is_regular(target)):
+            raise ToolError(f"{path} is neither a directory nor a regular file")
+        rel = target.relative_to(self._root).as_posix() or "."
         if shutil.which("rg"):
+            timeout = self._time_left(self.command_timeout_s)
             proc = subprocess.run(
                 ["rg", "--line-number", "--no-heading", "--color", "never", "--sort", "path",
                  "--max-columns", "200", "--", pattern, *([] if rel == "." else [rel])],
-                cwd=self.workspace, capture_output=True, text=True, timeout=self.command_timeout_s, check=False,
+                cwd=self._root, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                timeout=timeout, check=False, stdin=subprocess.DEVNULL,
             )
             if proc.returncode == 2:
                 raise ToolError(f"grep failed: {proc.stderr.strip()}")
@@ -151,14 +196,14 @@ class CodeTools:
                 regex = re.compile(pattern)
             except re.error as e:
                 raise ToolError(f"invalid regular expression: {e}") from None
-            files = [target] if target.is_file() else list(iter_files(target))
+            files = [target] if self._is_regular(target) else iter_files(target)
             hits = []
             for f in files:
-                for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+                for n, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
                     if regex.search(line):
-                        hits.append(f"{f.relative_to(self.workspace).as_posix()}:{n}:{line[:200]}")
+                        hits.append(f"{f.relative_to(self._root).as_posix()}:{n}:{line[:200]}")
             out = "\n".join(hits)
-        return out.strip() or f"No matches for {pattern!r} in {rel}."
+        return out.strip() or f"No matches for {preview(pattern, 200)} in {rel}."
 
     def search(self, query: str, k: int = 5) -> str:
         """Ranked codebase search: the code chunks most relevant to a natural-language or code query.
@@ -175,16 +220,16 @@ class CodeTools:
         vocab = retriever.vocab_dict
         tokens = [t for t in code_tokens(query) if t in vocab]
         if not tokens:
-            return f"No results for {query!r}."
+            return f"No results for {preview(query, 200)}."
         docs, scores = retriever.retrieve([tokens], k=min(k, len(chunks)), show_progress=False)
         results = []
         for doc, score in zip(docs[0], scores[0]):
             if score <= 0:
                 continue
             path, start, end, text = chunks[int(doc)]
-            preview = "\n".join(text.splitlines()[:8])
-            results.append(f"{path}:{start}-{end} (score {score:.2f})\n{preview}")
-        return "\n\n".join(results) or f"No results for {query!r}."
+            head = "\n".join(text.splitlines()[:8])
+            results.append(f"{path}:{start}-{end} (score {score:.2f})\n{head}")
+        return "\n\n".join(results) or f"No results for {preview(query, 200)}."
 
     def run(self, command: str, timeout_s: int = 30) -> str:
         """Run a shell command in the repository root (sandboxed, no network).
@@ -194,7 +239,12 @@ class CodeTools:
             timeout_s: Seconds before the command is killed (at most 120).
         """
         if not 1 <= timeout_s <= 120:
-            raise ToolError(f"timeout_s must be between 1 and 120, got {timeout_s}")
+            raise ToolError(f"timeout_s must be between 1 and 120, got {preview(timeout_s)}")
+        if "\0" in command:
+            raise ToolError("command contains a NUL byte; bash cannot run it")
+        if len(command) > MAX_COMMAND_CHARS:
+            raise ToolError(f"command is {len(command)} characters long; at most {MAX_COMMAND_CHARS} "
+                            "(write long scripts to a file with edit_file and run that)")
         return self._exec(command, timeout_s)
 
     def lint(self, path: str = ".") -> str:
@@ -203,8 +253,8 @@ class CodeTools:
         Args:
             path: File or directory to lint, relative to the repository root.
         """
-        target = resolve_in(self.workspace, path, must_exist=True)
-        rel = target.relative_to(self.workspace).as_posix() or "."
+        target = self._resolve(path, must_exist=True)
+        rel = target.relative_to(self._root).as_posix() or "."
         return self._exec(f"ruff check --no-cache --output-format concise {shlex.quote(rel)}",
                           self.command_timeout_s)
 
@@ -215,8 +265,9 @@ class CodeTools:
             target: A test file (or file::test_name) to run instead of the whole suite.
         """
         if target:
-            resolve_in(self.workspace, target.split("::", 1)[0], must_exist=True)
-            command = f"python -m pytest -q -p no:cacheprovider {shlex.quote(target)}"
+            self._resolve(target.split("::", 1)[0], must_exist=True)
+            # "./" keeps a target that starts with "-" from reading as a pytest option
+            command = f"python -m pytest -q -p no:cacheprovider {shlex.quote(target if target[0] != '-' else './' + target)}"
         else:
             command = self.task.meta.get("visible_test_command", self.task.test_command) if self.task else ""
             if not command:
@@ -231,7 +282,11 @@ class CodeTools:
             question: The question to ask.
         """
         if self.answer_question is not None:
-            return str(self.answer_question(question)) or NO_INFORMATION
+            try:
+                answer = self.answer_question(question)
+            except Exception as e:  # noqa: BLE001  (a failing user hook costs the agent its answer, not the run)
+                raise ToolError(f"the user could not answer ({type(e).__name__}: {e})") from None
+            return (answer if isinstance(answer, str) else str(answer or "")) or NO_INFORMATION
         answer = self.task.meta.get("user_answer") if self.task else None
         return answer or NO_INFORMATION
 
@@ -242,33 +297,83 @@ class CodeTools:
             summary: A short summary of the change, or the requested answer.
         """
         self.submitted = True
-        self.submission = summary
+        self.submission = utf8_clean(summary)
         return "Submitted."
 
     # ------------------------------------------------------------- plumbing
+    @functools.cached_property
+    def _root(self) -> Path:
+        """The workspace as resolve_in returns paths in it (symlinks in its own location resolved)."""
+        return self.workspace.resolve()
+
+    def _resolve(self, path: str, must_exist: bool = False) -> Path:
+        """resolve_in, with a symlink loop or an over-long name as an error the agent sees."""
+        if isinstance(path, str) and (len(path) > MAX_PATH_CHARS or path.count("/") > MAX_PATH_DEPTH):
+            # the OS refuses such paths anyway, and pathlib's recursive mkdir would exhaust the stack first
+            raise ToolError(f"path {preview(path)} is too long ({len(path)} characters, "
+                            f"{path.count('/') + 1} components); at most {MAX_PATH_CHARS} and {MAX_PATH_DEPTH}")
+        try:
+            return resolve_in(self.workspace, path, must_exist=must_exist)
+        except RuntimeError as e:  # pathlib's "Symlink loop from ..." (Python < 3.13)
+            raise ToolError(f"path {preview(path)} cannot be resolved: {e}") from None
+        except OSError as e:
+            raise ToolError(f"path {preview(path)} cannot be resolved: {e.strerror or e}") from None
+
+    @staticmethod
+    def _is_regular(path: Path) -> bool:
+        try:
+            return stat.S_ISREG(path.stat().st_mode)
+        except OSError:
+            return False
+
     def _file(self, path: str) -> Path:
-        file = resolve_in(self.workspace, path, must_exist=True)
-        if not file.is_file():
-            raise ToolError(f"{path} is not a file")
+        file = self._resolve(path, must_exist=True)
+        if not self._is_regular(file):
+            raise ToolError(f"{path} is not a regular file")
+        size = file.stat().st_size
+        if size > MAX_READ_BYTES:
+            raise ToolError(f"{path} is {size} bytes; files over {MAX_READ_BYTES} bytes are not read "
+                            "(inspect it with run, e.g. head or grep)")
         return file
 
+    def _time_left(self, timeout_s: float) -> float:
+        """`timeout_s` capped to the time left before `deadline`; ToolError once it has passed."""
+        if self.deadline is None:
+            return timeout_s
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ToolError("the episode's time budget is spent: no more commands can run; submit now")
+        return min(timeout_s, left)
+
     def _exec(self, command: str, timeout_s: float) -> str:
-        res = self.sandbox.run(command, timeout_s=timeout_s)
+        timeout = self._time_left(timeout_s)
+        res = self.sandbox.run(command, timeout_s=timeout)
         self.command_s += res.wall_s
-        status = f"timed out after {timeout_s}s" if res.timed_out else f"exit code {res.returncode}"
+        if res.timed_out:
+            status = f"timed out after {timeout:g}s" if timeout == timeout_s else \
+                f"timed out after {timeout:.1f}s: the episode's time budget ran out"
+        else:
+            status = f"exit code {res.returncode}"
         return f"{res.output.rstrip()}\n[{status}]".lstrip()
 
     def _search_index(self):
-        files = list(iter_files(self.workspace))
-        signature = tuple((f, f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+        files = []
+        for f in iter_files(self.workspace):
+            try:
+                st = f.lstat()
+            except OSError:  # removed since the listing
+                continue
+            if st.st_size <= MAX_INDEXED_BYTES:
+                files.append((f, st.st_mtime_ns, st.st_size))
+        signature = tuple(files)
         if self._index is None or self._index[0] != signature:
             import bm25s
 
             chunks = []
-            for f in files:
+            for f, _, _ in files:
                 try:
-                    lines = f.read_text().splitlines()
-                except UnicodeDecodeError:
+                    lines = f.read_text(encoding="utf-8").splitlines()
+                except (UnicodeDecodeError, OSError):  # binary, or gone since the listing
                     continue
                 rel = f.relative_to(self.workspace).as_posix()
                 for start in range(0, max(len(lines), 1), self.chunk_lines):
@@ -309,14 +414,32 @@ def _schemas_of(cls: type) -> list[dict]:
     return out
 
 
+def _check_call(tools: CodeTools, name, arguments) -> str | None:
+    """The parser's verdict on a call that may not have come through it (None: valid)."""
+    schemas = {s["function"]["name"]: s["function"] for s in _schemas_of(type(tools))}
+    checked = validate_call({"name": name, "arguments": arguments}, schemas, "")
+    return checked.error if isinstance(checked, MalformedCall) else None
+
+
 def call_tool(tools: CodeTools, name: str, arguments: dict) -> str:
-    """Run one validated call; errors the agent caused come back as the result text."""
+    """Run one call; never raises: errors come back as the result text ("Error: ..."), always UTF-8 encodable.
+
+    The call is validated against the tool schemas first (the episode passes only calls `parse_turn`
+    validated, but other callers need not)."""
     try:
-        result = getattr(tools, name)(**arguments)
+        if (problem := _check_call(tools, name, arguments)) is not None:
+            result = f"Error: {problem}"
+        else:
+            result = getattr(tools, name)(**arguments)
     except (ToolError, PathError) as e:
         result = f"Error: {e}"
     except subprocess.TimeoutExpired:
         result = f"Error: {name} timed out"
     except (OSError, UnicodeError) as e:
         result = f"Error: {type(e).__name__}: {e}"
-    return truncate(result, tools.max_output_chars)
+    except Exception as e:  # a harness bug must cost one call, not the run; it is logged
+        log.exception("tool %r failed unexpectedly on %s", name, preview(arguments, 300))
+        result = f"Error: internal error in {preview(name)}: {type(e).__name__}: {e}"
+    if not isinstance(result, str):
+        result = str(result)
+    return utf8_clean(truncate(result, tools.max_output_chars))

@@ -1,5 +1,7 @@
 """The tools on a real workspace: behaviour, errors the agent sees, schemas."""
 
+import time
+
 import pytest
 
 from env.protocol import parse_turn
@@ -98,3 +100,32 @@ def test_schemas_validate_calls(tools):
     ok = parse_turn('<tool_call>\n{"name": "run_tests", "arguments": {"target": null}}\n</tool_call>', schemas)
     bad = parse_turn('<tool_call>\n{"name": "search", "arguments": {"query": "x", "k": "5"}}\n</tool_call>', schemas)
     assert not ok.malformed_calls and "must be of type integer" in bad.malformed_calls[0].error
+
+
+def test_deadline_caps_commands_then_refuses_them(tools):
+    assert tools.deadline is None
+    tools.deadline = time.monotonic() + 1.0
+    start = time.monotonic()
+    out = call_tool(tools, "run", {"command": "sleep 20", "timeout_s": 30})
+    assert time.monotonic() - start < 5 and "the episode's time budget ran out" in out
+    time.sleep(max(0.0, tools.deadline - time.monotonic()) + 0.05)
+    for name, args in [("run", {"command": "true"}), ("run_tests", {}), ("lint", {}), ("grep", {"pattern": "add"})]:
+        assert call_tool(tools, name, args).startswith("Error: the episode's time budget is spent"), name
+    assert call_tool(tools, "read_file", {"path": "calc/ops.py"}).startswith("   1|")  # in-process tools still answer
+    assert call_tool(tools, "submit", {"summary": "s"}) == "Submitted."
+    tools.deadline = None
+    assert call_tool(tools, "run", {"command": "echo ok"}) == "ok\n[exit code 0]"
+
+
+def test_direct_calls_are_validated_like_parsed_ones(tools):
+    assert call_tool(tools, "run", {"command": "true", "timeout_s": True}).startswith(
+        "Error: run: argument 'timeout_s' must be of type integer, got bool")
+    assert "out of range" in call_tool(tools, "read_file", {"path": "calc/ops.py", "start_line": 10**5000})
+    assert "unexpected argument" in call_tool(tools, "read_file", {"path": "calc/ops.py", "mode": "w"})
+    assert call_tool(tools, "nope", {}).startswith("Error: unknown tool 'nope'")
+
+
+def test_run_tests_target_cannot_pass_options(tools):
+    (tools.workspace / "-p").write_text("")
+    out = call_tool(tools, "run_tests", {"target": "-p"})
+    assert "no tests ran" in out or "ERROR" in out  # collected as the file ./-p, not read as pytest's -p option
