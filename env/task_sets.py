@@ -9,13 +9,16 @@
                                               artifacts/data/humaneval (data/humaneval.py)
     anything else                             a task directory or a directory of task directories
 
-A name that resolves to nothing fails with a TaskError that lists what exists.
+A name that resolves to nothing fails with a TaskError that lists what exists. Task directories that
+fail to load do not sink the set: they are listed in `TaskSet.invalid` as (directory, reason), for a
+runner to record as failed (a filtered factory set lists every invalid task of its split, since an
+unreadable task.json has no family or tier to filter on).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from env.tasks import Task, TaskError, load_task_set
@@ -37,6 +40,7 @@ class TaskSet:
     kind: str  # "harness" (ours) or "external" (a public benchmark reported beside ours)
     label: str  # how tables print it
     source: str  # the directory it was loaded from
+    invalid: list[tuple[str, str]] = field(default_factory=list)  # (task directory, reason) of tasks not loaded
 
 
 def tasks_root(override: str | Path | None = None) -> Path:
@@ -74,7 +78,7 @@ def _factory(spec: str, root: Path) -> TaskSet:
               and (tier is None or t.meta.get("tier") == tier)]
     if not chosen:
         raise TaskError(f"task set {spec!r}: no {family or ''} {tier or ''} tasks in split {split!r}")
-    return TaskSet(spec, chosen, "harness", spec, str(root / split))
+    return TaskSet(spec, chosen, "harness", spec, str(root / split), _invalid(tasks))
 
 
 def _humaneval(spec: str, cache: Path) -> TaskSet:
@@ -84,11 +88,14 @@ def _humaneval(spec: str, cache: Path) -> TaskSet:
     count = spec.split(":", 1)[1] if ":" in spec else ""
     if count and not (count.isdigit() and int(count) > 0):
         raise TaskError(f"task set {spec!r}: use humaneval (all 164) or humaneval:N with N a positive integer")
-    tasks = load_task_set(ensure_humaneval(cache))
-    if count:
-        tasks = spread_subset(tasks, int(count))
+    loaded = load_task_set(ensure_humaneval(cache))
+    tasks = spread_subset(loaded, int(count)) if count else list(loaded)
     label = "external: HumanEval" + (f" ({len(tasks)} of 164)" if count and len(tasks) < 164 else "")
-    return TaskSet(spec, tasks, "external", label, str(cache))
+    return TaskSet(spec, tasks, "external", label, str(cache), _invalid(loaded))
+
+
+def _invalid(tasks: list[Task]) -> list[tuple[str, str]]:
+    return [(str(path), reason) for path, reason in getattr(tasks, "invalid", [])]
 
 
 def resolve_task_set(spec: str, *, tasks_root_dir: str | Path | None = None,
@@ -96,14 +103,16 @@ def resolve_task_set(spec: str, *, tasks_root_dir: str | Path | None = None,
     """A named task set or a directory (see the module docstring); TaskError naming what exists otherwise."""
     spec = str(spec).strip()
     if spec == "samples":
-        return TaskSet(spec, load_task_set(SAMPLES_DIR), "harness", spec, str(SAMPLES_DIR))
+        tasks = load_task_set(SAMPLES_DIR)
+        return TaskSet(spec, list(tasks), "harness", spec, str(SAMPLES_DIR), _invalid(tasks))
     if spec.startswith("factory:"):
         return _factory(spec, tasks_root(tasks_root_dir))
     if spec == "humaneval" or spec.startswith("humaneval:"):
         return _humaneval(spec, humaneval_cache(humaneval_dir))
     path = Path(spec)
     if path.is_dir():
-        return TaskSet(spec, load_task_set(path), "harness", spec, str(path.resolve()))
+        tasks = load_task_set(path)
+        return TaskSet(spec, list(tasks), "harness", spec, str(path.resolve()), _invalid(tasks))
     root = tasks_root(tasks_root_dir)
     splits = [s for s in FACTORY_SPLITS if (root / s).is_dir()]
     factory = f"factory:{{{','.join(splits)}}}[/<family>][/<tier>]" if splits else \

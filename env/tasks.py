@@ -11,23 +11,45 @@ A task is a directory:
 A task set is a directory of task directories (searched recursively, so a factory output
 `out/<split>/<id>/` is a task set, and so is each split).
 
+Task directories are not trusted. `load_task` refuses (TaskError naming the task and the path)
+anything that would let a task read or write host files or hang the harness: repo/, hidden/,
+task.json or gold.patch resolving outside the task directory; a symlink in repo/ or hidden/ that
+is absolute, loops, or leaves its tree; FIFOs, sockets and devices; file names that are not
+UTF-8; a gold.patch naming absolute paths or `..`; a task.json that is not a small UTF-8 JSON
+object with the documented types. `load_task_set` loads the good tasks of a set and lists the
+bad ones with their reasons (`TaskList.invalid`), so one broken task costs one record, not the run.
+
 `grade()` is THE checker: `eval.py` calls it and the RL `outcome` reward calls it, so the
 two cannot drift apart (nanochat's `reward()` reuses `evaluate()` for the same reason).
 """
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import json
+import logging
+import os
 import re
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+log = logging.getLogger(__name__)
 
 SUBMISSION_FILE = ".submission.txt"  # the submitted summary, written before grading
 REQUIRED_KEYS = {"id": str, "instruction": str, "test_command": str}
+# Optional keys the harness reads: a value of another type would surface later as a crash mid-run.
+OPTIONAL_STRING_KEYS = ("visible_test_command", "user_answer", "gold_answer", "family", "tier", "project",
+                        "split", "symbol")
 DEFAULT_TIMEOUT_S = 60
+MAX_TIMEOUT_S = 24 * 3600
+MAX_TASK_JSON_BYTES = 1024 * 1024  # instructions and metadata; real ones are a few KB
+MAX_GOLD_PATCH_BYTES = 16 * 1024 * 1024
+MAX_JSON_DEPTH = 32
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class TaskError(ValueError):
@@ -63,54 +85,227 @@ class Task:
         return self.meta.get("gold_answer")
 
 
-def load_task(path: str | Path) -> Task:
-    root = Path(path)
-    where = f"task directory {str(root)!r}"
-    if not root.is_dir():
-        raise TaskError(f"{where}: not a directory")
-    spec_file = root / "task.json"
-    if not spec_file.is_file():
-        raise TaskError(f"{where}: missing task.json")
+def _show(text: str, limit: int = 80) -> str:
+    """A path or value for an error message: repr (which escapes surrogates), shortened."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
+
+
+def _resolves_inside(path: Path, base: Path) -> bool:
+    """Whether `path`, with every symlink followed, lies in `base` (a resolved directory); loops do not."""
     try:
-        spec = json.loads(spec_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TaskError(f"{where}: task.json is not valid JSON ({e})") from None
+        real = path.resolve(strict=False)
+    except (RuntimeError, OSError):  # a symlink loop (RuntimeError before Python 3.13)
+        return False
+    return real == base or real.is_relative_to(base)
+
+
+def _check_json_value(value, where: str, key: str) -> None:
+    """No lone surrogates (unwritable as UTF-8) and no absurd nesting anywhere in a task.json value."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise TaskError(f"{where}: task.json key {key!r} is nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(item, str) and _SURROGATE.search(item):
+            raise TaskError(f"{where}: task.json key {key!r} holds a lone surrogate (not valid unicode text)")
+        if isinstance(item, dict):
+            stack += [(k, depth + 1) for k in item] + [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            stack += [(v, depth + 1) for v in item]
+
+
+def _read_spec(root: Path, where: str) -> dict:
+    spec_file = root / "task.json"
+    if not spec_file.exists() and not spec_file.is_symlink():
+        raise TaskError(f"{where}: missing task.json")
+    if spec_file.is_symlink() or not spec_file.is_file():
+        raise TaskError(f"{where}: task.json must be a regular file (not a symlink, directory or FIFO)")
+    size = spec_file.stat().st_size
+    if size > MAX_TASK_JSON_BYTES:
+        raise TaskError(f"{where}: task.json is {size} bytes; at most {MAX_TASK_JSON_BYTES}")
+    try:
+        spec = json.loads(spec_file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{where}: task.json is not UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise TaskError(f"{where}: task.json is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise TaskError(f"{where}: task.json is nested too deeply") from None
+    except ValueError as e:  # e.g. an integer of 4,300+ digits
+        raise TaskError(f"{where}: task.json cannot be read ({str(e)[:120]})") from None
     if not isinstance(spec, dict):
         raise TaskError(f"{where}: task.json must hold a JSON object, got {type(spec).__name__}")
+    return spec
+
+
+def _check_spec(spec: dict, where: str) -> int:
+    """Types and values of the keys the harness reads; returns timeout_s."""
     for key, typ in REQUIRED_KEYS.items():
         if key not in spec:
             raise TaskError(f"{where}: task.json lacks required key {key!r}")
         if not isinstance(spec[key], typ) or not spec[key].strip():
             raise TaskError(f"{where}: task.json key {key!r} must be a non-empty string")
+    for key, value in spec.items():
+        _check_json_value(value, where, key)
+    task_id = spec["id"]
+    if len(task_id) > 200 or task_id.startswith(".") or any(c in task_id for c in "/\\") or \
+            any(ord(c) < 32 or ord(c) == 127 for c in task_id):
+        raise TaskError(f"{where}: task id {_show(task_id)} must be at most 200 characters, with no slashes or "
+                        "control characters and no leading dot (runners use it in file names)")
+    for key in ("test_command", *OPTIONAL_STRING_KEYS):
+        value = spec.get(key)
+        if value is not None and not isinstance(value, str):
+            raise TaskError(f"{where}: task.json key {key!r} must be a string, got {type(value).__name__}")
+        if key.endswith("command") and value and "\0" in value:
+            raise TaskError(f"{where}: task.json key {key!r} contains a NUL byte")
     timeout_s = spec.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or timeout_s <= 0:
-        raise TaskError(f"{where}: task.json key 'timeout_s' must be a positive integer, got {timeout_s!r}")
-    if not (root / "repo").is_dir():
-        raise TaskError(f"{where}: missing repo/ directory")
-    if (root / "hidden").exists() and not (root / "hidden").is_dir():
-        raise TaskError(f"{where}: hidden must be a directory")
+    if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise TaskError(f"{where}: task.json key 'timeout_s' must be an integer from 1 to {MAX_TIMEOUT_S}, "
+                        f"got {_show(str(timeout_s), 40)}")
+    return timeout_s
+
+
+def _check_tree(tree: Path, where: str) -> None:
+    """Every entry of repo/ or hidden/ is a directory, a regular file, or a relative symlink that stays in `tree`."""
+    tree_real = tree.resolve()
+    for dirpath, dirnames, filenames in os.walk(tree, onerror=_raise):  # never follows symlinks
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):  # sorted: the same entry is named on every machine
+            path = Path(dirpath) / name
+            rel = path.relative_to(tree.parent).as_posix()
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise TaskError(f"{where}: file name {_show(rel)} is not valid UTF-8") from None
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                target = os.readlink(path)
+                if os.path.isabs(target):
+                    raise TaskError(f"{where}: {_show(rel)} is a symlink to the absolute path {_show(target)}; "
+                                    "only relative links inside the tree are allowed")
+                if not _resolves_inside(path, tree_real):
+                    raise TaskError(f"{where}: {_show(rel)} is a symlink to {_show(target)}, which loops or "
+                                    f"resolves outside {tree.name}/")
+            elif not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                raise TaskError(f"{where}: {_show(rel)} is not a regular file or directory (a FIFO, socket "
+                                "or device would hang or break the copy)")
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def _check_subdir(root: Path, name: str, where: str, required: bool) -> bool:
+    """repo/ or hidden/: a real directory of the task, never a link (to the host, or repo -> hidden, which
+    would show the agent the hidden tests); False when absent and optional."""
+    path = root / name
+    if path.is_symlink():
+        raise TaskError(f"{where}: {name} is a symlink to {_show(os.readlink(path))}; it must be a real directory "
+                        "inside the task directory")
+    if not path.exists():
+        if required:
+            raise TaskError(f"{where}: missing {name}/ directory")
+        return False
+    if not path.is_dir():
+        raise TaskError(f"{where}: {name} must be a directory")
+    _check_tree(path, where)
+    return True
+
+
+def _check_gold_patch(root: Path, where: str) -> None:
+    patch = root / "gold.patch"
+    if not patch.exists() and not patch.is_symlink():
+        return
+    if patch.is_symlink() or not patch.is_file():
+        raise TaskError(f"{where}: gold.patch must be a regular file (not a symlink, directory or FIFO)")
+    size = patch.stat().st_size
+    if size > MAX_GOLD_PATCH_BYTES:
+        raise TaskError(f"{where}: gold.patch is {size} bytes; at most {MAX_GOLD_PATCH_BYTES}")
+    try:
+        text = patch.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{where}: gold.patch is not UTF-8 ({e.reason} at byte {e.start})") from None
+    for name in patch_paths(text):
+        if problem := _unsafe_patch_path(name):
+            raise TaskError(f"{where}: gold.patch names {_show(name)}, {problem}")
+
+
+def load_task(path: str | Path) -> Task:
+    """Load and check one task directory; TaskError (naming the directory and the offending path) if unusable."""
+    root = Path(path)
+    where = f"task directory {_show(str(root), 200)}"
+    try:
+        if not root.is_dir():
+            raise TaskError(f"{where}: not a directory")
+        spec = _read_spec(root, where)
+        if isinstance(spec.get("id"), str) and spec["id"].strip():
+            where = f"task {_show(spec['id'])} ({where})"
+        timeout_s = _check_spec(spec, where)
+        _check_subdir(root, "repo", where, required=True)
+        _check_subdir(root, "hidden", where, required=False)
+        _check_gold_patch(root, where)
+        root_real = root.resolve(strict=True)
+    except (OSError, RuntimeError) as e:  # unreadable entries, symlink loops in the walk, names too long
+        raise TaskError(f"{where}: cannot be read ({type(e).__name__}: {e})") from None
     meta = {k: v for k, v in spec.items() if k not in (*REQUIRED_KEYS, "timeout_s")}
-    return Task(spec["id"], spec["instruction"], spec["test_command"], root.resolve(), timeout_s, meta)
+    return Task(spec["id"], spec["instruction"], spec["test_command"], root_real, timeout_s, meta)
 
 
-def load_task_set(path: str | Path) -> list[Task]:
-    """All tasks below `path` (a task directory itself is a set of one), sorted by id."""
+class TaskList(list):
+    """The tasks of a set (a plain list of Task), plus `invalid`: (directory, reason) for each task
+    directory that could not be loaded; a runner records those as failures and runs the rest."""
+
+    def __init__(self, tasks=(), invalid: list[tuple[Path, str]] | None = None):
+        super().__init__(tasks)
+        self.invalid: list[tuple[Path, str]] = list(invalid or [])
+
+
+def _task_dirs(root: Path) -> list[Path]:
+    """Directories holding a task.json below `root`; never inside a task's repo/ or hidden/, never via symlinks."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        names = set(dirnames) | set(filenames)
+        if "task.json" in names:
+            found.append(Path(dirpath))
+            dirnames[:] = [d for d in dirnames if d not in ("repo", "hidden")]
+        dirnames[:] = [d for d in dirnames if d != "repo"]
+    return sorted(found)
+
+
+def load_task_set(path: str | Path, *, strict: bool = False) -> TaskList:
+    """All tasks below `path` (a task directory itself is a set of one), sorted by id.
+
+    A task directory that fails `load_task` (or repeats an earlier directory's id) does not stop the
+    others: it is logged and listed in the result's `invalid` as (directory, reason). `strict=True`
+    raises on the first one instead. A set with no valid task at all is a TaskError."""
     root = Path(path)
     if not root.is_dir():
-        raise TaskError(f"task set {str(root)!r}: not a directory")
-    if (root / "task.json").is_file():
-        return [load_task(root)]
-    dirs = sorted({p.parent for p in root.rglob("task.json") if "repo" not in p.relative_to(root).parts})
+        raise TaskError(f"task set {_show(str(root), 200)}: not a directory")
+    if (root / "task.json").exists() or (root / "task.json").is_symlink():
+        return TaskList([load_task(root)])
+    dirs = _task_dirs(root)
     if not dirs:
-        raise TaskError(f"task set {str(root)!r}: no task directories (no task.json found below it)")
-    tasks, seen = [], {}
+        raise TaskError(f"task set {_show(str(root), 200)}: no task directories (no task.json found below it)")
+    tasks, invalid, seen = [], [], {}
     for d in dirs:
-        task = load_task(d)
-        if task.id in seen:
-            raise TaskError(f"task set {str(root)!r}: duplicate task id {task.id!r} in {seen[task.id]} and {d}")
+        try:
+            task = load_task(d)
+            if task.id in seen:
+                raise TaskError(f"task {_show(task.id)} ({_show(str(d), 200)}): duplicate task id, also in "
+                                f"{_show(str(seen[task.id]), 200)}")
+        except TaskError as e:
+            if strict:
+                raise
+            log.warning("skipping invalid task: %s", e)
+            invalid.append((d, str(e)))
+            continue
         seen[task.id] = d
         tasks.append(task)
-    return sorted(tasks, key=lambda t: t.id)
+    if not tasks:
+        raise TaskError(f"task set {_show(str(root), 200)}: none of its {len(dirs)} task directories is valid; "
+                        f"first: {invalid[0][1]}")
+    return TaskList(sorted(tasks, key=lambda t: t.id), invalid)
 
 
 def _files(tree: Path | dict[str, str]) -> dict[str, str]:
@@ -171,8 +366,87 @@ def make_patch(before: Path | dict[str, str], after: Path | dict[str, str]) -> s
     return "".join(chunks)
 
 
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+_FILE_HEADERS = ("--- ", "+++ ", "*** ", "Index: ", "rename from ", "rename to ", "copy from ", "copy to ")
+
+
+def _unquote(name: str) -> str:
+    """A git-quoted file name ("a/\\303\\251.py") as the bytes it stands for; other names unchanged."""
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        raw = codecs.escape_decode(name[1:-1].encode("utf-8"))[0]
+        return raw.decode("utf-8", "replace")
+    return name
+
+
+def patch_paths(patch: str) -> list[str]:
+    """Every file name a diff's headers mention (unified and context diffs, git's extended headers),
+    as written (a/ b/ prefixes kept); hunk bodies are skipped, so a removed line "-- x" is not a header."""
+    names: list[str] = []
+    lines = patch.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if m := _HUNK.match(line):
+            old, new = int(m.group(1) or 1), int(m.group(2) or 1)
+            while (old > 0 or new > 0) and i < len(lines):
+                body = lines[i]
+                if body.startswith("\\"):
+                    i += 1
+                    continue
+                tag = body[:1]
+                if tag not in (" ", "-", "+", ""):
+                    break
+                old -= tag in (" ", "-", "")
+                new -= tag in (" ", "+", "")
+                i += 1
+            continue
+        if line.startswith("diff --git "):
+            names += line[len("diff --git "):].split()
+        for header in _FILE_HEADERS:
+            if line.startswith(header):
+                name = line[len(header):].split("\t", 1)[0].strip()
+                names += [_unquote(name), *(_unquote(t) for t in name.split()[:1])]
+    return [n for n in dict.fromkeys(names) if n and n != "/dev/null"]
+
+
+def _unsafe_patch_path(name: str) -> str | None:
+    """Why a file name in a patch is not acceptable, or None."""
+    if "\0" in name:
+        return "which contains a NUL byte"
+    pure = PurePosixPath(name)
+    if pure.is_absolute():
+        return "an absolute path (patches may only touch files inside the repo)"
+    if ".." in pure.parts:
+        return "which leaves the repo ('..')"
+    return None
+
+
+def _strip_one(name: str) -> str:
+    """The name `patch -p1` uses: without its first component (a/, b/)."""
+    parts = PurePosixPath(name).parts
+    return PurePosixPath(*parts[1:]).as_posix() if len(parts) > 1 else name
+
+
 def apply_patch(workspace: Path, patch: str) -> None:
-    """Apply a unified diff inside `workspace` (raises TaskError with patch's output if it fails)."""
+    """Apply a unified diff inside `workspace` (raises TaskError with patch's output if it fails).
+
+    Refuses, before running anything, a patch naming an absolute path, a `..` component, or a path that
+    resolves outside `workspace` through a symlink in it."""
+    from env.workspace import PathError, resolve_in
+
+    workspace = Path(workspace)
+    for name in patch_paths(patch):
+        problem = _unsafe_patch_path(name)
+        if problem is None:
+            try:
+                resolve_in(workspace, _strip_one(name))
+            except PathError as e:
+                problem = str(e)
+            except (RuntimeError, OSError) as e:  # a symlink loop in the workspace
+                problem = f"which cannot be resolved ({e})"
+        if problem:
+            raise TaskError(f"patch for {workspace} names {_show(name)}, {problem}; refusing to apply it")
     proc = subprocess.run(
         ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "-s"],
         input=patch, text=True, cwd=workspace, capture_output=True, check=False,
@@ -214,20 +488,40 @@ class Grade:
         return self.passed / (self.passed + (self.failed or 0))
 
 
+def _write_submission(graded: Path, submission: str) -> None:
+    """Write the submission file, replacing whatever the agent put at that name: a symlink planted there
+    must not make the harness write through it to a host file."""
+    from env.workspace import remove_workspace
+
+    target = graded / SUBMISSION_FILE
+    if target.is_dir() and not target.is_symlink():
+        remove_workspace(target)
+    elif target.is_symlink() or target.exists():
+        target.unlink()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+        f.write(submission)
+
+
 def grade(task: Task, workspace: Path, submission: str = "") -> Grade:
     """Grade the agent's final workspace: copy it, lay hidden/ over it, run test_command.
 
     The copy keeps the agent's workspace intact (trajectories can be inspected later) and
-    means the hidden files overwrite whatever the agent did to its own copies of them.
+    means the hidden files overwrite whatever the agent did to its own copies of them. A workspace
+    that cannot be copied grades as unsolved, with the reason in `output`; the submission file
+    replaces whatever the agent left at its name (a symlink there is never written through).
     """
     from env.sandbox import Sandbox
     from env.workspace import make_workspace, overlay, remove_workspace
 
-    graded = make_workspace(Path(workspace), prefix="grade-")
+    try:
+        graded = make_workspace(Path(workspace), prefix="grade-")
+    except (OSError, RecursionError) as e:  # what the agent left cannot be copied: ungradable, not a crash
+        return Grade(False, None, False, f"grading failed: the workspace could not be copied ({str(e)[:500]})")
     try:
         if task.hidden_dir is not None:
             overlay(task.hidden_dir, graded)
-        (graded / SUBMISSION_FILE).write_text(submission or "")
+        _write_submission(graded, submission or "")
         with Sandbox(graded) as sandbox:
             result = sandbox.run(task.test_command, timeout_s=task.timeout_s)
     finally:
