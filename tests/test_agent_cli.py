@@ -182,3 +182,33 @@ def test_gold_patch_and_test_command(repo, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "exit status submitted; tests: pass" in proc.stdout
     assert (repo / "calc/ops.py").read_bytes() == EXPECTED["calc/ops.py"][0]
+
+
+def test_ask_user_asks_the_person_at_the_terminal(repo, tmp_path):
+    """With a TTY on stdin the question is shown and the typed answer is the tool result the model sees."""
+    import pty
+
+    path = tmp_path / "ask.json"
+    path.write_text(json.dumps([call("ask_user", question="Which rounding mode?"), call("submit", summary="ok")]))
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([*AGENT, "run", "--repo", str(repo), "--model", f"replay:{path}", "--no-apply", "x"],
+                            stdin=secondary, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(secondary)
+    seen = bytearray()
+
+    def read() -> None:
+        while chunk := proc.stdout.read1(4096):
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while b"your answer>" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert b"Which rounding mode?" in seen and b"your answer>" in seen, seen.decode()
+    os.write(primary, b"banker's rounding\n")
+    assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+    reader.join(timeout=10)
+    os.close(primary)
+    shown = bytes(seen).decode()
+    assert "ask_user(question=\"Which rounding mode?\")\n    banker's rounding" in shown

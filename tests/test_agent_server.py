@@ -203,3 +203,36 @@ def test_token_required_beyond_localhost(tmp_path, host):
         assert server.db_rows("SELECT COUNT(*) FROM sessions")[0][0] == 0
     finally:
         server.stop()
+
+
+@pytest.mark.slow  # builds and loads a micro model (~10 s on a quiet machine)
+def test_checkpoint_sessions_store_token_ids_and_logprobs(tmp_path):
+    """In process, with an untrained micro checkpoint: what on-policy RL needs is stored for every turn."""
+    from conftest import save_micro_checkpoint
+
+    from nanocomposer.agent.manager import ServerConfig, SessionManager
+    from nanocomposer.agent.registry import Registry
+    from nanocomposer.agent.store import TERMINAL, SessionStore
+
+    registry = Registry(tmp_path / "registry")
+    registry.add("micro-v1", str(save_micro_checkpoint(tmp_path / "micro")))
+    registry.promote("micro-v1")
+    store = SessionStore(tmp_path / "sessions.db")
+    manager = SessionManager(store, registry, ServerConfig(workers=1, max_turns=2, backend="transformers",
+                                                           sampling={"max_new_tokens": 12}))
+    manager.start()
+    try:
+        sid = manager.submit(task_dir=str(TASK))
+        deadline = time.monotonic() + 120
+        while store.session(sid)["status"] not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        manager.stop()
+    s = store.session(sid)
+    assert s["status"] == "finished" and s["model_version"] == "micro-v1", s["status_reason"]
+    turns = store.turns(sid)
+    assert turns and all(len(t["completion_ids"]) == len(t["logprobs"]) == t["completion_tokens"] > 0 for t in turns)
+    assert all(t["prompt_ids"] for t in turns)
+    record = store.export_record(sid)
+    assert record["turns"][0]["completion_ids"] == turns[0]["completion_ids"]
+    assert record["completion_tokens"] == sum(t["completion_tokens"] for t in turns)
