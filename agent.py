@@ -182,9 +182,6 @@ def cmd_serve(args) -> int:
 
 
 def cmd_sessions(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from nanocomposer.agent.store import SessionStore
 
     if not Path(args.db).is_file():
@@ -196,12 +193,14 @@ def cmd_sessions(args) -> int:
             f.writelines(json.dumps(store.export_record(row["id"]), ensure_ascii=False) + "\n" for row in rows)
         print(f"exported {len(rows)} sessions to {args.export}")
         return 0
-    table = Table("id", "status", "version", "task", "exit status", "solved", "files", "wall s", "instruction")
+    print(f"{'id':12}  {'status':11}  {'version':14}  {'exit status':18}  {'solved':6}  {'files':5}  "
+          f"{'wall s':7}  {'task':28}  instruction")
     for r in rows:
-        table.add_row(r["id"][:12], r["status"], r["model_version"] or "", r["task_id"] or "", r["exit_status"] or "",
-                      "" if r["solved"] is None else str(bool(r["solved"])), str(r["changed_files"] or ""),
-                      f"{r['wall_s']:.1f}" if r["wall_s"] else "", " ".join(r["instruction"].split())[:50])
-    Console().print(table)
+        solved = "" if r["solved"] is None else str(bool(r["solved"]))
+        wall = f"{r['wall_s']:.1f}" if r["wall_s"] is not None else ""
+        print(f"{r['id'][:12]:12}  {r['status']:11}  {(r['model_version'] or '')[:14]:14}  "
+              f"{r['exit_status'] or '':18}  {solved:6}  {r['changed_files'] or 0!s:5}  {wall:7}  "
+              f"{(r['task_id'] or '')[:28]:28}  {' '.join(r['instruction'].split())[:60]}")
     print(f"{len(rows)} sessions; by status: {store.counts()}")
     return 0
 
