@@ -2,31 +2,55 @@
 
 Every command the agent (or a grader) runs goes through `Sandbox.run`. It is the only thing standing
 between a policy that is being *trained to act* and the machine the team works on, so it errs on the
-side of refusing.
+side of refusing. One `Sandbox` is one episode (or one grading).
 
-What is covered (bwrap backend, measured on the project machine: root, bubblewrap 0.8, kernel 6.x):
+What is covered (bwrap backend; measured on the project machine: bubblewrap 0.8, kernel 6.18, cgroup
+v1 pids, both as root and as a normal user; tests/test_sandbox_attacks.py plays each attack):
+- Identity, run as root (CI, most users here): bwrap joins a user namespace made once per process
+  (`_root_userns`: inner 0 -> host 0, inner 65534 -> host 65534, nested user namespaces disabled in
+  it), builds the sandbox as inner root, then `setpriv` switches the command to uid/gid 65534 with
+  no capabilities, an empty bounding set and no_new_privs. So the command is HOST uid 65534 (nobody),
+  not root: host files are protected by their ordinary permissions, a file it makes is owned by
+  65534 (a setuid bit on it gives nobody's rights, never root's), /proc/sys and /proc/sysrq-trigger
+  are not writable (bwrap also mounts /proc/sys, sysrq-trigger, irq and bus read-only). The
+  workspace is handed to 65534 (chown, never following symlinks) at Sandbox creation and again
+  before each run, for files the harness's own tools wrote in between.
+- Identity, run as a normal user: inner uid 65534 is the caller's uid (bwrap --unshare-user
+  --disable-userns); the command can do what that user can, no more. /proc/sys, sysrq-trigger, irq
+  and bus are bound read-only explicitly (bwrap only covers them when its setup may write them).
 - Filesystem: a fresh mount namespace whose root is an empty tmpfs. Read-only binds of /usr (and
-  /bin, /lib, /lib64, /sbin as the symlinks or dirs they are), a minimal /etc (only the entries
-  listed in `_ETC_ENTRIES`: binding all of /etc would expose /etc/shadow and ssh host keys, because
-  the sandbox user owns every root-owned file, see "Identity"), the Python installation
-  (`sys.base_prefix`, `sys.prefix`), /proc, a minimal /dev, a private size-capped tmpfs /tmp, and
-  the workspace bound read-write at its real path and used as cwd. Nothing else of the host exists:
-  not /root, not /work/main, not the repo's .git, not the host /tmp.
-- Identity: user namespace with `--uid 65534 --gid 65534 --cap-drop ALL`, and the kernel's
-  no_new_privs (bwrap always sets it). Run as root, bwrap maps inner 65534 to host uid 0, so files
-  owned by root on the host appear owned by the sandbox user: the root-owned workspace is writable
-  with no chown, and read-only binds are enforced by the mount flags, not by ownership.
+  /bin, /lib, /lib64, /sbin as the symlinks or dirs they are), a minimal /etc (only the entries in
+  `_ETC_ENTRIES`: TLS roots are /etc/ssl/certs and ca-certificates, never /etc/ssl/private; no
+  shadow, no ssh keys), the Python installation (`sys.base_prefix`, `sys.prefix`), a fresh /proc, a
+  minimal /dev, private size-capped tmpfs /tmp (`Limits.tmp_mb`) and /dev/shm (`Limits.shm_mb`),
+  and the workspace bound read-write at its real path and used as cwd. Nothing else of the host
+  exists: not /root, not /work/main, not the repo's .git, not the host /tmp.
+- Disk: run as root, `env.workspace.make_workspace` mounts each workspace as its own tmpfs capped at
+  `size_mb` (= `Limits.disk_mb` by default) with a capped inode count, `nosuid,nodev`: a REAL cap,
+  writes past it fail with ENOSPC. Otherwise (a normal user cannot mount; or a directory not made by
+  make_workspace) there is NO quota: the workspace is measured after every run, and a run that left
+  it over `Limits.disk_mb` fails (`ExecResult.disk_exceeded`, a note in the output). That check is
+  after the fact: within one run's timeout a command can write far more (bounded by RLIMIT_FSIZE per
+  file and the host disk). /tmp and /dev/shm are real caps in every case.
+- Setuid files: the workspace tmpfs is nosuid on the host; workspaces sit in 0700 directories
+  under a 0700 per-uid parent (no other local user can reach them); every run ends by clearing
+  setuid/setgid bits in the workspace; copies (grading's) never carry them, nor xattrs.
 - Network: a new, empty network namespace (loopback only, nothing listening): connects fail,
-  including to services on the host's 127.0.0.1. Also new pid, ipc, uts and cgroup namespaces;
-  nested user namespaces are disabled (`--disable-userns`).
+  including to services on the host's 127.0.0.1. Also new pid, ipc, uts and cgroup namespaces.
 - Processes: `--die-with-parent --new-session`; when the command exits or is killed, the pid
   namespace is torn down, so nothing it started survives (background jobs, setsid, double fork).
-- Fork bombs: each run gets a pids cgroup of its own for its duration, with
-  `pids.max = Limits.nproc`, when a writable pids controller exists (v1 here). A Sandbox keeps the
-  cgroups it made and reuses an idle one (emptied: every process in it killed and gone) for its next
-  run; concurrent runs take different ones; `close()` removes them. RLIMIT_NPROC is *not* used as
-  root: the kernel never enforces it for host uid 0, and under bwrap the sandbox is host uid 0. The
-  cgroup also lets every backend kill all survivors.
+- Fork bombs and parallel calls: a Sandbox runs at most `Limits.max_concurrent_runs` commands at once
+  (more calls wait). With a writable pids controller (v1 or v2; root here), the Sandbox has a parent
+  pids cgroup (`sandbox-<pid>-<hex>`, pids.max = `Limits.episode_nproc`) holding one child cgroup per
+  concurrent run (pids.max = `Limits.nproc`), so the episode as a whole is bounded, however many
+  calls or bombs it starts. Without one (a normal user here): RLIMIT_NPROC = `Limits.nproc`, which
+  the kernel counts per uid per user namespace: as a normal user under bwrap, per run (each run has
+  its own user namespace); under root without a pids cgroup, all sandboxes of the process together
+  (one namespace); under the fallbacks, all processes of the caller's uid.
+- Leftovers of a killed harness: cgroups and workspaces are named after their owner pid;
+  `sweep_stale()` (here) and `env.workspace.sweep_stale_workspaces()` remove those whose owner is
+  dead, killing what is left inside first. Each runs once per process on first use; runners may call
+  them at start-up.
 - Resource limits on every backend, set by the `/bin/sh` that starts the run (`ulimit`, so no extra
   exec; thread-safe, unlike `preexec_fn`): CPU seconds, address space, file size, open files, core
   dumps off. The same sh first moves itself into the run's cgroup, so every descendant is born there.
@@ -36,17 +60,30 @@ What is covered (bwrap backend, measured on the project machine: root, bubblewra
 - Environment: built from an allow-list (`_child_env`) plus the caller's `env`; nothing from
   os.environ leaks (API keys, tokens, WANDB_*, HF_*).
 
+| attack (tests/test_sandbox_attacks.py)         | root (bwrap)                  | normal user (bwrap)           |
+|------------------------------------------------|-------------------------------|-------------------------------|
+| write /proc/sys/*, /proc/sysrq-trigger          | EROFS / EACCES, host unchanged | EROFS / EACCES                |
+| setuid copy of bash in the workspace           | owned by 65534, bit cleared   | owned by the user, bit cleared |
+| read /etc/ssl/private, /etc/shadow             | absent                        | absent                        |
+| fill /tmp, /dev/shm                            | ENOSPC at tmp_mb / shm_mb     | same                          |
+| fill the workspace                             | ENOSPC at disk_mb (tmpfs)     | call fails after the run      |
+| 48 parallel runs, fork bombs                   | <= episode_nproc (cgroup)     | <= nproc per run (RLIMIT_NPROC) |
+| harness SIGKILLed                              | next sweep removes all        | workspaces swept; no cgroups  |
+
 What is NOT covered:
-- Aggregate memory: RLIMIT_AS is per process; 512 processes x 4 GiB is not bounded. A memory cgroup
-  would bound it; not done. The /tmp tmpfs is capped at `Limits.memory_mb` and counts as host RAM.
-- Without a writable pids cgroup (typical for non-root users), the fork bound is RLIMIT_NPROC, which
-  counts *all* processes of the host uid (including the caller's own), and is absent for root.
+- Aggregate memory: RLIMIT_AS is per process; many processes x 4 GiB is not bounded. A memory cgroup
+  would bound it; not done. /tmp, /dev/shm and (as root) the workspace are tmpfs: host RAM.
+- Inode count of /tmp and /dev/shm (bwrap 0.8 cannot cap it): bounded by the run's timeout only.
 - CPU time is per process: many processes each get `cpu_s`; the wall timeout is the real bound.
 - Kernel attack surface: no seccomp filter. Anything bubblewrap's namespaces do not isolate
   (e.g. a kernel bug, /proc info about the kernel) is exposed.
-- The workspace itself is fully writable: the agent can delete or corrupt it, plant symlinks in it
-  (`workspace.resolve_in` and `workspace.overlay` defend the harness side) and fill it up to the
-  per-file size limit times the file count (no disk quota).
+- The workspace itself is fully writable: the agent can delete or corrupt it and plant symlinks in
+  it (`workspace.resolve_in` and `workspace.overlay` defend the harness side).
+- Host uid 65534 is shared with any other service running as nobody on the machine.
+- The stale-owner sweeps assume the harnesses sharing a directory / cgroup tree share a pid
+  namespace; a live harness in another pid namespace could have its leftovers taken for dead.
+- Root without setpriv or unshare (util-linux): bwrap maps the sandbox to HOST ROOT as before (a
+  loud warning says so): the setuid and /proc attacks above are then only partly covered.
 - Fallback `unshare` (util-linux unshare, network + pid + mount namespaces): no filesystem isolation.
   Run as root, the command can read and write the whole host filesystem (secrets included).
 - Fallback `rlimits` (plain subprocess): no network isolation, no filesystem isolation, and a process
@@ -55,12 +92,16 @@ What is NOT covered:
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import functools
 import os
+import re
 import resource
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -73,14 +114,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from env.workspace import DEFAULT_DISK_MB
+
 BACKENDS = ("bwrap", "unshare", "rlimits")
 SANDBOX_UID = 65534  # "nobody": the uid commands see inside the bwrap user namespace
 
 # /etc entries programs need (dynamic linker, user/group names, locale/time, TLS roots, shell rc,
-# Debian's python3 config). Everything else in /etc (shadow, ssh keys, ...) stays outside.
+# Debian's python3 config). Everything else in /etc (shadow, ssh keys, ssl/private, ...) stays outside.
 _ETC_ENTRIES = (
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "hosts",
-    "host.conf", "localtime", "timezone", "alternatives", "ssl", "ca-certificates",
+    "host.conf", "localtime", "timezone", "alternatives", "ssl/certs", "ssl/openssl.cnf", "ca-certificates",
     "ca-certificates.conf", "bash.bashrc", "profile", "inputrc", "mime.types", "os-release",
     "debian_version", "gitconfig", "python3", "python3.11",
 )
@@ -96,10 +139,20 @@ _LOST_PROTECTIONS = {
 @dataclass(frozen=True)
 class Limits:
     cpu_s: int = 60  # CPU seconds per process (RLIMIT_CPU)
-    memory_mb: int = 4096  # address space per process (RLIMIT_AS); also the size cap of /tmp
+    memory_mb: int = 4096  # address space per process (RLIMIT_AS)
     file_size_mb: int = 64  # largest file a process may write (RLIMIT_FSIZE)
     open_files: int = 256  # RLIMIT_NOFILE
-    nproc: int = 512  # processes per run (pids cgroup), else RLIMIT_NPROC for non-root
+    nproc: int = 512  # processes per run (its pids cgroup), else RLIMIT_NPROC
+    episode_nproc: int = 1024  # processes of all runs of one Sandbox together (its parent pids cgroup)
+    max_concurrent_runs: int = 4  # runs of one Sandbox at once; more `run` calls wait for a slot
+    disk_mb: int = DEFAULT_DISK_MB  # the workspace's size (see "Disk" in the module docstring)
+    tmp_mb: int = 512  # size cap of each run's private /tmp (a tmpfs: host RAM)
+    shm_mb: int = 64  # size cap of each run's private /dev/shm (a tmpfs: host RAM)
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
 
 
 @dataclass
@@ -109,10 +162,11 @@ class ExecResult:
     timed_out: bool
     truncated: bool
     wall_s: float
+    disk_exceeded: bool = False  # the workspace outgrew Limits.disk_mb during this run (the output says so)
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.returncode == 0 and not self.timed_out and not self.disk_exceeded
 
 
 def _warn_loudly(message: str) -> None:
@@ -195,7 +249,7 @@ def _pids_cgroup_parent() -> Path | None:
 
 
 def _try_child_cgroup(parent: Path) -> bool:
-    probe = parent / f"probe-{uuid.uuid4().hex[:8]}"
+    probe = parent / f"probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         probe.mkdir()
         (probe / "pids.max").write_text("8")
@@ -206,18 +260,25 @@ def _try_child_cgroup(parent: Path) -> bool:
 
 
 class _PidsCgroup:
-    """A pids cgroup that holds one run at a time: caps its process count, and lets us kill everything
-    in it afterwards. Pooled by a Sandbox and reused, because a fresh one per run (mkdir, then rmdir
-    only after the last zombie is reaped) sat on every command's critical path."""
+    """A pids cgroup: caps a process count, and lets us kill everything in it afterwards.
 
-    def __init__(self, parent: Path, max_pids: int):
-        self.path = parent / f"sandbox-{uuid.uuid4().hex}"
-        self.path.mkdir()
-        try:
-            (self.path / "pids.max").write_text(str(max_pids))
-        except OSError:
-            self.path.rmdir()
-            raise
+    A Sandbox has one for the episode (`sandbox-<owner pid>-<hex>`, pids.max = Limits.episode_nproc)
+    and, nested under it, one per concurrent run (`run-<hex>`, pids.max = Limits.nproc), pooled and
+    reused, because a fresh one per run (mkdir, then rmdir only after the last zombie is reaped) sat
+    on every command's critical path. Nested pids cgroups are hierarchical on v1 and v2: a fork
+    fails when either limit is reached."""
+
+    def __init__(self, path: Path, max_pids: int | None = None, nest: bool = False):
+        self.path = path
+        if max_pids is not None:  # make it (None: adopt an existing one, for the sweep)
+            path.mkdir()
+            try:
+                (path / "pids.max").write_text(str(max_pids))
+                if nest and (path / "cgroup.subtree_control").exists():  # v2: let children use pids
+                    (path / "cgroup.subtree_control").write_text("+pids")
+            except OSError:
+                path.rmdir()
+                raise
         # How the launching sh joins: by writing 0 ("myself"). On v1, `tasks` moves only the writing
         # thread, which skips the global threadgroup lock that a `cgroup.procs` write takes (an RCU
         # grace period: measured 1-25 ms, worst under load); sh has one thread, so all of it moves.
@@ -233,6 +294,13 @@ class _PidsCgroup:
             return int((self.path / "pids.current").read_text())
         except FileNotFoundError:
             return 0
+
+    def peak(self) -> int | None:
+        """Most processes charged at once since creation (pids.peak, kernel >= 6.1 on v2, 6.x v1)."""
+        try:
+            return int((self.path / "pids.peak").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
 
     def pids(self) -> list[int]:
         try:
@@ -258,10 +326,14 @@ class _PidsCgroup:
             time.sleep(0.001)
         return True
 
-    def remove(self, grace_s: float = 2.0) -> bool:
-        """Kill what is left and delete the cgroup; False (after a warning) if it cannot be deleted."""
+    def remove(self, grace_s: float = 2.0, warn: bool = True) -> bool:
+        """Kill what is left and delete the cgroup (its child cgroups first); False (after a warning)
+        if it cannot be deleted."""
         deadline = time.monotonic() + grace_s
-        if self.kill_all(grace_s):
+        children = [c for c in self.path.iterdir() if c.is_dir()] if self.path.is_dir() else []
+        results = [_PidsCgroup(child).remove(grace_s, warn) for child in children]  # each, even after a failure
+        emptied = all(results)
+        if emptied and self.kill_all(grace_s):
             while True:
                 try:
                     self.path.rmdir()  # EBUSY until the killed processes' zombies are reaped
@@ -272,22 +344,70 @@ class _PidsCgroup:
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.001)
-        _warn_loudly(f"sandbox cgroup {self.path} still has processes after {grace_s}s; leaving it")
+        if warn:
+            _warn_loudly(f"sandbox cgroup {self.path} still has processes after {grace_s}s; leaving it")
         return False
 
 
 # A Sandbox's idle cgroups beyond this are removed: sequential runs cycle through about
 # (runs per second) x (orphan-reaping delay) of them, parallel tool calls a few more.
 _MAX_IDLE_CGROUPS = 8
+_OWNED_CGROUP = re.compile(r"^sandbox-(\d+)-[0-9a-f]+$")  # an episode cgroup, named after its owner pid
+_LEGACY_CGROUP = re.compile(r"^(sandbox-[0-9a-f]{32}|probe-.*)$")  # ownerless names of older versions
 
 
-def _remove_cgroups(cgroups: list[_PidsCgroup], lock: threading.Lock) -> None:
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def sweep_stale() -> list[Path]:
+    """Remove the cgroups of harness processes that died without closing their Sandboxes (SIGKILL),
+    killing whatever is still inside first; returns what was removed. Runs once per process at the
+    first Sandbox; call it at start-up to clean at once. Cheap: one directory listing. Older,
+    ownerless cgroups (`sandbox-<hex>`, probes) are removed only when empty. The pid check assumes
+    the harnesses sharing a cgroup tree share one pid namespace (true here: the tree is our own
+    cgroup's)."""
+    parent = _pids_cgroup_parent()
+    if parent is None:
+        return []
+    removed = []
+    for entry in sorted(parent.iterdir()):
+        owned = _OWNED_CGROUP.match(entry.name)
+        if owned and not _pid_alive(int(owned.group(1))):
+            if _PidsCgroup(entry).remove(grace_s=1.0, warn=False):
+                removed.append(entry)
+        elif _LEGACY_CGROUP.match(entry.name) and entry.is_dir():
+            try:
+                entry.rmdir()  # EBUSY while processes are in it: then it may belong to a live harness
+                removed.append(entry)
+            except OSError:
+                pass
+    return removed
+
+
+@functools.cache
+def _sweep_once() -> None:
+    try:
+        sweep_stale()
+    except OSError:  # housekeeping must never stop an episode from starting
+        pass
+
+
+def _remove_cgroups(cgroups: list[_PidsCgroup], episode: _PidsCgroup | None, lock: threading.Lock) -> None:
     """Sandbox.close and its garbage-collection / interpreter-exit fallback (holds no Sandbox ref)."""
     with lock:
         doomed = cgroups[:]
         cgroups.clear()
     for cgroup in doomed:  # outside the lock: a run in flight may be killed here, and checks in after
         cgroup.remove()
+    if episode is not None:
+        episode.remove()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -326,30 +446,141 @@ def _root_dir_args() -> list[str]:
         elif host.is_dir():
             args += ["--ro-bind", str(host), str(host)]
     args += ["--dir", "/etc"]
+    made = {Path("/etc")}
     for entry in _ETC_ENTRIES:
-        args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
+        path = Path("/etc", entry)
+        if path.exists():  # -try: it may still vanish before bwrap binds it
+            args += [*_parent_dirs_args(path, made), "--ro-bind-try", str(path), str(path)]
     return args
 
 
-def _backend_argv(backend: str, workspace: Path, limits: Limits) -> list[str]:
+@functools.cache
+def _root_userns() -> tuple[int | None, str | None]:
+    """(fd, None) for a user namespace made once per root process, or (None, why not).
+
+    It maps inner 0 -> host 0 and SANDBOX_UID -> host SANDBOX_UID (uids and gids), and allows no
+    nested user namespace (user.max_user_namespaces = 0 inside it, which also binds its children).
+    bwrap joins it (`--userns`) and builds the sandbox as inner root, whose capabilities cover the
+    files of host root, so root-only paths (a Python under /root, workspaces under 0700 parents) can
+    still be bound; then the command drops to SANDBOX_UID with setpriv. bwrap 0.8 cannot do that
+    switch itself: with --userns and --uid it calls setuid before mounting, and loses its capabilities."""
+    script = 'read go && exec /bin/sh -c "echo 0 > /proc/sys/user/max_user_namespaces"'
+    try:
+        helper = subprocess.Popen(["unshare", "--user", "--", "/bin/sh", "-c", script], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_child_env(None),
+                                  close_fds=True)
+    except OSError as exc:
+        return None, f"cannot start unshare: {exc}"
+    fd = None
+    try:
+        ours, deadline = os.readlink("/proc/self/ns/user"), time.monotonic() + 10
+        while os.readlink(f"/proc/{helper.pid}/ns/user") == ours:  # until it has unshared
+            if helper.poll() is not None or time.monotonic() > deadline:
+                return None, f"unshare --user did not start: {helper.stderr.read().decode(errors='replace')[:200]}"
+            time.sleep(0.0002)
+        for kind in ("uid", "gid"):
+            Path(f"/proc/{helper.pid}/{kind}_map").write_text(f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n")
+        fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        _, err = helper.communicate(b"go\n", timeout=10)  # exec'd as mapped root: may set the sysctl
+        if helper.returncode != 0:
+            os.close(fd)
+            return None, f"cannot disable nested user namespaces: {err.decode(errors='replace').strip()[:200]}"
+        return fd, None
+    except (OSError, subprocess.SubprocessError) as exc:
+        if fd is not None:
+            os.close(fd)
+        return None, f"cannot make the sandbox user namespace: {exc}"
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+            helper.wait()
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    """setpriv's real path when it lies under /usr (so it exists inside the sandbox)."""
+    found = shutil.which("setpriv")
+    real = Path(found).resolve() if found else None
+    return str(real) if real is not None and real.is_relative_to("/usr") else None
+
+
+@functools.cache
+def _bwrap_identity() -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], str | None]:
+    """(bwrap namespace/identity options, command prefix, fds bwrap needs, a warning or None)."""
+    drop = ("--cap-drop", "ALL")
+    plain = ("--unshare-all", "--unshare-user", "--disable-userns",
+             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), *drop)
+    if os.geteuid() != 0:  # inner SANDBOX_UID maps to our own uid: nothing more to drop
+        return plain, (), (), None
+    fd, why = _root_userns()
+    setpriv = _setpriv()
+    if fd is None or setpriv is None:
+        why = why or "setpriv (util-linux) is not installed under /usr"
+        return plain, (), (), (
+            f"bwrap cannot drop to an unprivileged host uid ({why}): sandboxed commands run as HOST ROOT "
+            "(a setuid file they make in the workspace is a root shell for any local user; root-owned "
+            "files are theirs). Install util-linux's setpriv and unshare.")
+    namespaces = ("--userns", str(fd), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                  "--unshare-cgroup-try")
+    # bwrap's last steps run as inner root with only these: chdir into the 0700 workspace (owned by the
+    # sandbox uid) needs DAC_READ_SEARCH, setpriv the other three; setpriv then drops every
+    # capability, the bounding set included, with the uid.
+    keep = ("--cap-add", "CAP_DAC_READ_SEARCH", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+            "--cap-add", "CAP_SETPCAP")
+    prefix = (setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+              "--inh-caps=-all", "--bounding-set=-all", "--")
+    return (*namespaces, *drop, *keep), prefix, (fd,), None
+
+
+def bwrap_host_uid() -> int:
+    """The host uid that commands run as under the bwrap backend: SANDBOX_UID when the harness is
+    root (0 only in the warned-about case that setpriv/unshare are missing), else the caller's uid."""
+    if os.geteuid() != 0:
+        return os.geteuid()
+    return SANDBOX_UID if _bwrap_identity()[1] else 0
+
+
+def _parent_dirs_args(path: Path, made: set[Path]) -> list[str]:
+    """`--dir` for each ancestor of `path` not made yet, mode 0755: bwrap 0.8 creates a bind's missing
+    parents 0700, which the unprivileged sandbox user could not traverse."""
+    args = []
+    for ancestor in reversed(path.parents[:-1]):  # from the top, without "/"
+        if ancestor not in made:
+            args += ["--perms", "0755", "--dir", str(ancestor)]
+            made.add(ancestor)
+    return args
+
+
+def _bwrap_argv(workspace: Path, limits: Limits) -> list[str]:
+    identity, _prefix, _fds, _warning = _bwrap_identity()
+    args = ["bwrap", *identity, "--die-with-parent", "--new-session", *_root_dir_args(), "--proc", "/proc"]
+    if "--userns" not in identity:
+        # bwrap covers these only when its setup may write them, which is not the case when the sandbox
+        # user maps to our own uid; as (legacy) root, the files of /proc/sys would be writable.
+        for entry in ("sys", "sysrq-trigger", "irq", "bus"):
+            args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
+    args += ["--dev", "/dev",
+             "--perms", "1777", "--size", str(limits.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm",
+             "--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    made = {Path(p) for p in ("/usr", "/etc", "/proc", "/dev", "/tmp")}
+    # After the tmpfs: a venv or workspace under /tmp would otherwise be hidden by it.
+    for root in _python_roots():
+        args += [*_parent_dirs_args(root, made), "--ro-bind", str(root), str(root)]
+        made.add(root)
+    return args + [*_parent_dirs_args(workspace, made), "--bind", str(workspace), str(workspace),
+                   "--chdir", str(workspace), "--"]
+
+
+def _backend_argv(backend: str, workspace: Path, limits: Limits) -> tuple[list[str], tuple[int, ...]]:
+    """The argv prefix that runs a command under `backend`, and the fds it must inherit."""
     if backend == "bwrap":
-        args = [
-            "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL",
-            "--die-with-parent", "--new-session",
-            *_root_dir_args(),
-            "--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--size", str(limits.memory_mb * 1024 * 1024), "--tmpfs", "/tmp",
-        ]
-        # After the tmpfs: a venv or workspace under /tmp would otherwise be hidden by it.
-        for root in _python_roots():
-            args += ["--ro-bind", str(root), str(root)]
-        return args + ["--bind", str(workspace), str(workspace), "--chdir", str(workspace), "--"]
+        _identity, prefix, fds, _warning = _bwrap_identity()
+        return [*_bwrap_argv(workspace, limits), *prefix], fds
     if backend == "unshare":
         user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-        return ["unshare", *user, "--net", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child", "--"]
+        return ["unshare", *user, "--net", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child", "--"], ()
     if backend == "rlimits":
-        return []
+        return [], ()
     raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {BACKENDS} or 'auto'")
 
 
@@ -360,10 +591,10 @@ def backend_unavailable_reason(backend: str) -> str | None:
     if tool and shutil.which(tool) is None:
         return f"{tool} is not installed"
     with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as tmp:
-        argv = _backend_argv(backend, Path(tmp).resolve(), Limits()) + ["true"]
+        argv, fds = _backend_argv(backend, Path(tmp).resolve(), Limits())
         try:
-            proc = subprocess.run(argv, check=False, cwd=tmp, env=_child_env(None), capture_output=True, text=True,
-                                  timeout=20)
+            proc = subprocess.run([*argv, "true"], check=False, cwd=tmp, env=_child_env(None), capture_output=True,
+                                  text=True, timeout=20, pass_fds=fds)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"{backend} probe failed: {exc}"
     if proc.returncode != 0:
@@ -385,8 +616,10 @@ def detect_backend() -> str:
     if backend != "bwrap":
         _warn_loudly(f"sandbox falls back to '{backend}' ({'; '.join(reasons)}). LOST: "
                      f"{_LOST_PROTECTIONS[backend]}. Do not run untrusted policies on a shared machine.")
-    if _pids_cgroup_parent() is None and os.geteuid() == 0:
-        _warn_loudly("no writable pids cgroup and running as root: RLIMIT_NPROC is not enforced for "
+    elif (warning := _bwrap_identity()[3]) is not None:
+        _warn_loudly(warning)
+    if _pids_cgroup_parent() is None and os.geteuid() == 0 and (backend != "bwrap" or bwrap_host_uid() == 0):
+        _warn_loudly("no writable pids cgroup and commands run as root: RLIMIT_NPROC is not enforced for "
                      "uid 0, so fork bombs are bounded only by the wall-clock timeout.")
     return backend
 
@@ -421,9 +654,88 @@ class _CappedOutput:
         return self.head.decode("utf-8", "replace") + note + bytes(tail).decode("utf-8", "replace"), True
 
 
+_MAX_WALK_DEPTH = 200  # directory levels _walk_tree follows (it holds two fds per level)
+_PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _is_capped_mount(path: Path, disk_mb: int) -> bool:
+    """True when `path` is a mount point whose whole filesystem is at most `disk_mb` (a capped tmpfs)."""
+    if not os.path.ismount(path):
+        return False
+    fs = os.statvfs(path)
+    return fs.f_blocks * fs.f_frsize <= disk_mb * 1024 * 1024
+
+
+def _walk_tree(root: Path, chown_to: tuple[int, int] | None, strip: bool) -> int:
+    """Bytes allocated under `root`; on the way, chown entries to `chown_to` and/or clear setuid/setgid
+    bits of regular files. Safe against the agent swapping entries for symlinks meanwhile (a run of the
+    same Sandbox may be going on): every step is relative to an open directory fd, and nothing is
+    followed (O_NOFOLLOW, AT_SYMLINK_NOFOLLOW, chmod through an O_PATH fd). Raises _TooDeep past
+    _MAX_WALK_DEPTH levels."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    total = 0
+    top = os.open(root, flags)
+    try:
+        st = os.fstat(top)
+        if chown_to is not None and (st.st_uid, st.st_gid) != chown_to:
+            os.fchown(top, *chown_to)
+        stack = [(top, os.scandir(top))]
+    except BaseException:
+        os.close(top)
+        raise
+    try:
+        while stack:
+            dir_fd, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                entries.close()
+                os.close(dir_fd)
+                stack.pop()
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+                total += st.st_blocks * 512
+                if chown_to is not None and (st.st_uid, st.st_gid) != chown_to:
+                    os.chown(entry.name, *chown_to, dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    if len(stack) >= _MAX_WALK_DEPTH:
+                        raise _TooDeep(f"nested deeper than {_MAX_WALK_DEPTH} directories")
+                    child = os.open(entry.name, flags, dir_fd=dir_fd)
+                    stack.append((child, os.scandir(child)))
+                elif strip and stat.S_ISREG(st.st_mode) and st.st_mode & _PRIVILEGE_BITS:
+                    _clear_privilege_bits(dir_fd, entry.name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed or swapped (a symlink now: ELOOP is an OSError too) since the listing
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+    finally:
+        for dir_fd, entries in stack:
+            entries.close()
+            os.close(dir_fd)
+    return total
+
+
+def _clear_privilege_bits(dir_fd: int, name: str) -> None:
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & _PRIVILEGE_BITS:
+            os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) & ~_PRIVILEGE_BITS)
+    finally:
+        os.close(fd)
+
+
 class Sandbox:
     """Runs commands with `workspace` as the only writable host directory (see module docstring).
 
+    One Sandbox is one episode: its runs share a process bound (a parent pids cgroup) and at most
+    `limits.max_concurrent_runs` of them run at once. Run as root under bwrap, it hands the workspace
+    to the sandbox uid (chown; again before each run, for files the harness wrote since).
     Holds pids cgroups between runs: call `close()` (or use `with Sandbox(...) as sb:`) when done;
     garbage collection and interpreter exit close it too, as a fallback."""
 
@@ -438,20 +750,38 @@ class Sandbox:
             raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {BACKENDS} or 'auto'")
         if max_output_chars < 2:
             raise ValueError(f"max_output_chars must be >= 2, got {max_output_chars}")
+        if not isinstance(limits, Limits):
+            raise TypeError(f"limits must be a Limits, got {type(limits).__name__}")
         self.backend = backend
         self.limits = limits
         self.max_output_chars = max_output_chars
         self._env = _child_env(env)
+        # The workspace must belong to the sandbox uid when that is not ours (bwrap run as root).
+        host_uid = bwrap_host_uid() if backend == "bwrap" else os.geteuid()
+        self._owner = (host_uid, host_uid) if host_uid != os.geteuid() else None
+        # A workspace that is its own filesystem no larger than disk_mb (make_workspace's tmpfs as root)
+        # is capped by the kernel; any other is measured after each run.
+        self._disk_capped = _is_capped_mount(self.workspace, limits.disk_mb)
+        self._walk_workspace(chown=True)
         self._cgroup_parent = _pids_cgroup_parent()
-        use_nproc_rlimit = self._cgroup_parent is None and os.geteuid() != 0
+        if self._cgroup_parent is not None:
+            _sweep_once()
+        use_nproc_rlimit = self._cgroup_parent is None and (backend == "bwrap" and host_uid != 0
+                                                            or os.geteuid() != 0)
         self._launcher = ["/bin/sh", "-c", _launcher_script(limits, self._cgroup_parent is not None, use_nproc_rlimit)]
-        self._backend_argv = _backend_argv(backend, self.workspace, limits)
-        # Every cgroup made and not yet removed; the idle ones are empty and free for the next run.
+        self._backend_argv, self._pass_fds = _backend_argv(backend, self.workspace, limits)
+        self._run_slots = threading.BoundedSemaphore(limits.max_concurrent_runs)
+        # The episode's cgroup (all runs nested in it), every run cgroup made and not yet removed, and
+        # the idle ones (empty, free for the next run).
+        self._episode = None
+        if self._cgroup_parent is not None:
+            self._episode = _PidsCgroup(self._cgroup_parent / f"sandbox-{os.getpid()}-{uuid.uuid4().hex[:16]}",
+                                        limits.episode_nproc, nest=True)
         self._cgroups: list[_PidsCgroup] = []
         self._idle_cgroups: list[_PidsCgroup] = []
         self._cgroups_lock = threading.Lock()
         self._closed = False
-        self._finalizer = weakref.finalize(self, _remove_cgroups, self._cgroups, self._cgroups_lock)
+        self._finalizer = weakref.finalize(self, _remove_cgroups, self._cgroups, self._episode, self._cgroups_lock)
 
     def close(self) -> None:
         """Kill whatever still runs and remove this sandbox's cgroups. Idempotent; `run` then raises."""
@@ -466,10 +796,15 @@ class Sandbox:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    def process_peak(self) -> int | None:
+        """Most processes this episode held at once (its cgroup's pids.peak); None without one."""
+        return self._episode.peak() if self._episode is not None else None
+
     def run(self, command: str | list[str], timeout_s: float = 30.0) -> ExecResult:
         """Run `command` (str: via /bin/bash -c; list: argv) in the workspace; never raises on failure
         of the command itself, only on harness errors (bad arguments, missing binaries, closed sandbox).
-        Safe to call from several threads at once."""
+        Safe to call from several threads at once: beyond `limits.max_concurrent_runs`, calls wait for
+        a free slot (the wait does not count against `timeout_s`)."""
         if isinstance(command, str):
             argv = ["/bin/bash", "-c", command]
         elif isinstance(command, list) and command and all(isinstance(a, str) for a in command):
@@ -479,24 +814,48 @@ class Sandbox:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
 
-        cgroup = self._check_out_cgroup()
+        with self._run_slots:
+            cgroup = self._check_out_cgroup()
+            try:
+                self._walk_workspace(chown=True)  # files the harness wrote since the last run
+                result = self._run_in(cgroup, argv, timeout_s)
+            finally:
+                if cgroup is not None:
+                    self._check_in_cgroup(cgroup)
+            return self._after_run(result)
+
+    def _walk_workspace(self, chown: bool) -> int | None:
+        """Before a run: hand harness-made entries to the sandbox uid (chown=True; only when it is
+        another uid). After: clear setuid/setgid bits and return the bytes used (None when not needed)."""
+        if chown and self._owner is None:
+            return None
         try:
-            return self._run_in(cgroup, argv, timeout_s)
-        finally:
-            if cgroup is not None:
-                self._check_in_cgroup(cgroup)
+            return _walk_tree(self.workspace, chown_to=self._owner if chown else None, strip=not chown)
+        except _TooDeep as exc:
+            if chown:
+                raise RuntimeError(f"sandbox workspace {self.workspace}: {exc}") from None
+            return -1
+
+    def _after_run(self, result: ExecResult) -> ExecResult:
+        used = self._walk_workspace(chown=False)
+        if self._disk_capped or used is None or 0 <= used <= self.limits.disk_mb * 1024 * 1024:
+            return result
+        why = ("is nested too deep to measure" if used < 0 else
+               f"holds {used / 2**20:.0f} MB, over its {self.limits.disk_mb} MB limit")
+        note = f"\n[sandbox: the workspace {why}: this call fails; delete files to continue]"
+        return dataclasses.replace(result, output=result.output + note, disk_exceeded=True)
 
     def _check_out_cgroup(self) -> _PidsCgroup | None:
         """An empty cgroup for one run (reused, or made now); None when no pids controller is usable."""
         with self._cgroups_lock:
             if self._closed:
                 raise RuntimeError(f"sandbox for {self.workspace} is closed")
-            if self._cgroup_parent is None:
+            if self._episode is None:
                 return None
             for i, idle in enumerate(self._idle_cgroups):
                 if idle.charged() == 0:
                     return self._idle_cgroups.pop(i)
-            cgroup = _PidsCgroup(self._cgroup_parent, self.limits.nproc)
+            cgroup = _PidsCgroup(self._episode.path / f"run-{uuid.uuid4().hex[:16]}", self.limits.nproc)
             self._cgroups.append(cgroup)
             return cgroup
 
@@ -523,7 +882,7 @@ class Sandbox:
         start = time.monotonic()
         proc = subprocess.Popen(full_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, cwd=self.workspace, env=self._env,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, pass_fds=self._pass_fds)
         try:
             timed_out = self._pump(proc, output, deadline=start + timeout_s)
         finally:

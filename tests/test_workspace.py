@@ -66,6 +66,8 @@ def test_make_workspace_copies_faithfully_and_fast(repo: Path, tmp_path: Path):
     assert (ws / "link_out").is_symlink() and os.readlink(ws / "link_out") == "/etc/passwd"  # not followed
     (ws / "pkg" / "sub" / "mod.py").write_text("X = 2\n")
     assert (repo / "pkg" / "sub" / "mod.py").read_text() == "X = 1\n"  # a copy, not shared
+    remove_workspace(ws)
+    assert not ws.exists()
 
     for i in range(50):
         (repo / f"f{i}.py").write_text("x = 1\n" * 20)
