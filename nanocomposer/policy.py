@@ -11,6 +11,13 @@ one assistant turn, and returns a `Generation` carrying exactly what RL needs: t
 completion ids (with the stop token when one was generated) and the log-probability of every
 completion token under the distribution it was drawn from.
 
+`act_batch(requests)` serves many episodes at once (env.runner sends every live episode's pending turn):
+one `TurnRequest` per episode in, one `Generation` (or the exception that request met, e.g.
+`ContextOverflow`) per request out, in order, generated together by one batched backend call
+(nanocomposer/generation.py). It keeps no per-episode state: a request's seed comes from its
+`episode_key` and `turn`. `act` is `act_batch` of one request built from `reset`'s state, so both paths
+share one implementation and the same seeds.
+
 Choices, and why:
 - Text is decoded from the completion ids minus the final stop token, with special tokens KEPT.
   The harness stores that text as the assistant message's `content`, and the chat template renders
@@ -20,20 +27,20 @@ Choices, and why:
 - Logprobs are TRL's and vLLM's `processed_logprobs`: log-softmax of the scores after temperature and
   top-p (the distribution the token was sampled from; greedy: the raw model distribution). TRL's
   importance-sampling correction expects exactly these.
-- Decoding is set by `SamplingConfig` alone. `generate` fills every knob left unset from the model's
-  generation_config and then from global defaults (top_k=50!), so each knob with a neutral value is
-  passed explicitly, and a loaded checkpoint's generation_config is replaced by one holding only its
-  stop/pad ids: a `top_k`, `repetition_penalty` or `suppress_tokens` saved by some training stage
-  cannot change eval silently. (A live model passed in keeps its own generation_config; only its
-  None-gated knobs, e.g. suppress_tokens, could still apply.)
-- Sampling is reproducible: each turn draws from a seed derived from (seed, task id, episode number
-  of this policy object, turn number), inside `torch.random.fork_rng`, so the caller's global RNG
-  (the RL trainer's) is untouched, and G rollouts of one task through one policy differ.
+- Decoding is set by `SamplingConfig` alone: the transformers backend is our own decode loop (temperature
+  and top-p, nothing else), so no `top_k`, `repetition_penalty` or `suppress_tokens` saved by some training
+  stage in a generation_config can change eval silently; a loaded checkpoint's generation_config is also
+  reduced to its stop/pad ids. The vLLM backend passes every knob explicitly.
+- Sampling is reproducible: each turn draws from its own seed, `_stable_seed(seed, episode_key, turn)`,
+  where `act` uses the episode key f"{task id}#{episode number of this policy object}" (so G rollouts of
+  one task through one policy differ); a batched request draws from its own `torch.Generator`, so it samples
+  the same tokens whatever else shares its batch (up to floating point: generation.py), and the caller's
+  global RNG (the RL trainer's) is untouched.
 - Context: a prompt longer than `max_context - max_new_tokens` raises `ContextOverflow` (see there).
 - `backend="vllm"` (GPU): the checkpoint directory is loaded by `vllm.LLM` (vLLM's own copy of the weights,
-  never torch's; the HF tokenizer still renders and decodes), and each turn is one token-in/token-out
-  `LLM.generate` call with a per-request seed and `logprobs_mode="processed_logprobs"`, so the Generation
-  contract above holds unchanged. vLLM needs a merged model: a PEFT adapter directory is refused with the
+  never torch's; the HF tokenizer still renders and decodes), and each `act_batch` is one token-in/token-out
+  `LLM.generate` call holding every request, each with its own seed, with
+  `logprobs_mode="processed_logprobs"`, so the Generation contract above holds unchanged. vLLM needs a merged model: a PEFT adapter directory is refused with the
   merge to run. Engine memory: `NANOCOMPOSER_VLLM_GPU_MEMORY` (fraction, default 0.85). The per-turn seed
   makes samples repeatable up to GPU numerics (vLLM does not promise bitwise-equal logits across batch
   shapes or prefix-cache hits), and they are not the transformers backend's samples. This path is tested
@@ -47,12 +54,18 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from env.episode import Generation
+from env.episode import Generation, TurnRequest
+from nanocomposer.generation import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    Completion,
+    SamplingConfig,
+    TransformersGenerator,
+    VLLMGenerator,
+)
 
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls")  # what the chat template reads
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -89,26 +102,6 @@ class ContextOverflow(RuntimeError):
         self.prompt_tokens, self.max_new_tokens, self.max_context = prompt_tokens, max_new_tokens, max_context
         super().__init__(f"prompt of {prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the "
                          f"context of {max_context} tokens")
-
-
-@dataclass
-class SamplingConfig:
-    max_new_tokens: int = 256
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    seed: int = 0
-    max_context: int | None = None  # None: the model's max_position_embeddings
-
-    def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens}: must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingConfig.temperature={self.temperature}: must be >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingConfig.top_p={self.top_p}: must be in (0, 1]")
-        if self.max_context is not None and self.max_context <= self.max_new_tokens:
-            raise ValueError(f"SamplingConfig.max_context={self.max_context}: must exceed "
-                             f"max_new_tokens={self.max_new_tokens}")
 
 
 # --------------------------------------------------------------------------- loading
@@ -383,11 +376,17 @@ class ModelPolicy:
     check (vllm importable, checkpoint, tokenizer, context, temperature) without taking the GPU; eval.py uses it
     to validate all policies before running any, since one process can hold only one engine. `close()` releases
     the engine. `vllm_gpu_memory` overrides $NANOCOMPOSER_VLLM_GPU_MEMORY (see `resolve_vllm_gpu_memory`).
+    `max_batch_tokens` bounds one transformers batch (rows x (longest prompt + max_new_tokens)); larger
+    `act_batch` calls are split into several batches (nanocomposer/generation.py).
+
+    Subclasses change how tokens are produced by overriding `_generate_batch(prompts, seeds)` (all requests of
+    an `act_batch`) or `_generate(prompt_ids, seed)` (one sequence; then `act_batch` calls it per request).
     """
 
     def __init__(self, path_or_model, tokenizer=None, sampling: SamplingConfig | None = None,
                  device: str | None = None, *, backend: str = "transformers", name: str | None = None,
-                 start_engine: bool = True, vllm_gpu_memory: float | None = None):
+                 start_engine: bool = True, vllm_gpu_memory: float | None = None,
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS):
         if backend not in BACKENDS:
             raise ValueError(f"ModelPolicy backend {backend!r} is not implemented (available: {', '.join(BACKENDS)})")
         self.backend = backend
@@ -439,8 +438,13 @@ class ModelPolicy:
         self.task_id = ""
         self.turn = 0
         self.stats = {"turns": 0, "prompt_tokens": 0, "completion_tokens": 0, "gen_s": 0.0}
-        if backend == "vllm" and start_engine:
-            self.llm = self._start_vllm(path, gpu_memory)
+        if backend == "vllm":
+            self.generator = VLLMGenerator(self._running_engine, self.stop_ids)
+            if start_engine:
+                self.llm = self._start_vllm(path, gpu_memory)
+        else:
+            self.generator = TransformersGenerator(self.model, self.stop_ids, borrowed=not self.owns_model,
+                                                   max_batch_tokens=max_batch_tokens)
 
     def _start_vllm(self, path: Path, gpu_memory: float):
         """The engine, with the settings the Generation contract depends on (see the module docstring)."""
@@ -456,6 +460,12 @@ class ModelPolicy:
         except Exception as e:  # no GPU, out of memory, an architecture vLLM lacks: name the checkpoint
             raise ModelLoadError(f"checkpoint {str(path)!r}: the vLLM engine failed to start: "
                                  f"{type(e).__name__}: {e}") from e
+
+    def _running_engine(self):
+        if self.llm is None:
+            raise RuntimeError(f"ModelPolicy {self.name!r}: the vLLM engine is not running "
+                               "(built with start_engine=False, or closed)")
+        return self.llm
 
     def close(self) -> None:
         """Release the vLLM engine and its GPU memory (no-op for transformers), so another engine can start.
@@ -487,14 +497,39 @@ class ModelPolicy:
         return list(ids)
 
     def act(self, messages: list[dict], tools: list[dict]) -> Generation:
-        prompt_ids = self.render(messages, tools)
-        if len(prompt_ids) + self.sampling.max_new_tokens > self.max_context:
-            raise ContextOverflow(len(prompt_ids), self.sampling.max_new_tokens, self.max_context)
-        seed = _stable_seed(self.sampling.seed, self.task_id, self.episode, self.turn)
+        """The next turn of the episode `reset` started: `act_batch` of that one request (raising its error)."""
+        request = TurnRequest(messages, tools, f"{self.task_id}#{self.episode}", self.turn)
         self.turn += 1
+        (result,) = self.act_batch([request])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def act_batch(self, requests: list[TurnRequest]) -> list[Generation | BaseException]:
+        """One Generation per request, in order, generated together; a request that cannot be served (its
+        prompt overflows the context, its conversation does not render, its generation failed) gets the
+        exception instead, and the others are still served."""
+        results: list[Generation | BaseException | None] = [None] * len(requests)
+        prompts: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            try:
+                prompt_ids = self.render(request.messages, request.tools)
+                if len(prompt_ids) + self.sampling.max_new_tokens > self.max_context:
+                    raise ContextOverflow(len(prompt_ids), self.sampling.max_new_tokens, self.max_context)
+            except Exception as e:  # noqa: BLE001  (this request's failure, not the batch's)
+                results[i] = e
+            else:
+                prompts[i] = prompt_ids
+        order = list(prompts)
+        seeds = [_stable_seed(self.sampling.seed, requests[i].episode_key, requests[i].turn) for i in order]
         t0 = time.perf_counter()
-        completion_ids, logprobs = self._generate(prompt_ids, seed)
+        outputs = self._generate_batch([prompts[i] for i in order], seeds) if order else []
         self.stats["gen_s"] += time.perf_counter() - t0
+        for i, output in zip(order, outputs, strict=True):
+            results[i] = output if isinstance(output, BaseException) else self._generation(prompts[i], *output)
+        return results
+
+    def _generation(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float]) -> Generation:
         self.stats["turns"] += 1
         self.stats["prompt_tokens"] += len(prompt_ids)
         self.stats["completion_tokens"] += len(completion_ids)
@@ -504,73 +539,22 @@ class ModelPolicy:
         return Generation(text=text, prompt_ids=prompt_ids, completion_ids=completion_ids, logprobs=logprobs,
                           truncated=not stopped)
 
+    def _generate_batch(self, prompts: list[list[int]], seeds: list[int]) -> list[Completion | BaseException]:
+        """(completion ids, logprobs) or the error, per prompt: one batched backend call, unless a subclass
+        generates one sequence at a time (it overrides `_generate`)."""
+        if type(self)._generate is not ModelPolicy._generate:
+            results: list[Completion | BaseException] = []
+            for prompt_ids, seed in zip(prompts, seeds, strict=True):
+                try:
+                    results.append(Completion(*self._generate(prompt_ids, seed)))
+                except Exception as e:  # noqa: BLE001  (this request's failure)
+                    results.append(e)
+            return results
+        return self.generator.generate(prompts, seeds, self.sampling)
+
     def _generate(self, prompt_ids: list[int], seed: int) -> tuple[list[int], list[float]]:
-        if self.backend == "vllm":
-            return self._generate_vllm(prompt_ids, seed)
-        return self._generate_transformers(prompt_ids, seed)
-
-    def _generation_config(self):
-        from transformers import GenerationConfig
-
-        s, base = self.sampling, self.model.generation_config
-        # Neutral values, explicitly: unset ones are filled from the model's config or global defaults.
-        # The sampling warpers only run when sampling (and transformers warns if they are set for greedy).
-        warpers = {"temperature": s.temperature, "top_p": s.top_p, "top_k": 0, "typical_p": 1.0,
-                   "epsilon_cutoff": 0.0, "eta_cutoff": 0.0} if s.temperature > 0 else {}
-        return GenerationConfig(
-            max_new_tokens=s.max_new_tokens, do_sample=s.temperature > 0, **warpers,
-            repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, num_beams=1,
-            eos_token_id=self.stop_ids,
-            pad_token_id=base.pad_token_id if base.pad_token_id is not None else self.tokenizer.pad_token_id,
-            bos_token_id=base.bos_token_id, use_cache=True,
-            return_dict_in_generate=True, output_scores=True,
-        )
-
-    def _generate_transformers(self, prompt_ids: list[int], seed: int) -> tuple[list[int], list[float]]:
-        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        was_training = self.model.training
-        self.model.eval()
-        # inference_mode is faster but its tensors may not enter autograd later; a borrowed (training)
-        # model could cache one (e.g. a dynamic RoPE buffer), so it gets plain no_grad.
-        grad_off = torch.inference_mode() if self.owns_model else torch.no_grad()
-        devices = [self.device] if self.device.type == "cuda" else []
-        try:
-            with grad_off, torch.random.fork_rng(devices=devices):
-                torch.manual_seed(seed)
-                out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                          generation_config=self._generation_config())
-        finally:
-            self.model.train(was_training)
-        completion = out.sequences[0, len(prompt_ids):]
-        scores = torch.stack(out.scores, dim=0)[:, 0, :].float()  # (new tokens, vocab), processed
-        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, completion[:, None]).squeeze(-1)
-        return completion.tolist(), logprobs.tolist()
-
-    def _generate_vllm(self, prompt_ids: list[int], seed: int) -> tuple[list[int], list[float]]:
-        """One request, tokens in and tokens out; every decoding knob set, so no saved default applies.
-
-        vLLM returns `RequestOutput.outputs[0].token_ids` (the stop token included when one ended the turn)
-        and, with `logprobs=0`, `.logprobs`: one `{token_id: Logprob}` dict per position holding the sampled
-        token (vllm/outputs.py CompletionOutput, vllm/logprobs.py SampleLogprobs).
-        """
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        if self.llm is None:
-            raise RuntimeError(f"ModelPolicy {self.name!r}: the vLLM engine is not running "
-                               "(built with start_engine=False, or closed)")
-        s = self.sampling
-        params = SamplingParams(
-            max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=0, min_p=0.0,
-            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, seed=seed, logprobs=0,
-            stop_token_ids=list(self.stop_ids),
-            detokenize=False)  # `act` decodes with the HF tokenizer, special tokens kept
-        (request,) = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], sampling_params=params,
-                                       use_tqdm=False)
-        completion = request.outputs[0]
-        ids = [int(t) for t in completion.token_ids]
-        steps = completion.logprobs
-        if steps is None or len(steps) != len(ids) or any(t not in step for t, step in zip(ids, steps)):
-            raise RuntimeError(f"vLLM returned {len(ids)} tokens but not the log-prob of every sampled one "
-                               f"({'none' if steps is None else len(steps)} positions)")
-        return ids, [float(step[t].logprob) for t, step in zip(ids, steps)]
+        """One sequence through the batched backend (the seam a one-at-a-time subclass overrides)."""
+        (result,) = self.generator.generate([prompt_ids], [seed], self.sampling)
+        if isinstance(result, BaseException):
+            raise result
+        return result

@@ -3,7 +3,10 @@
 vLLM cannot be installed here (no GPU), so a stand-in module is put into `sys.modules`. It mirrors the real
 API by name and shape, as read in vLLM's source (vllm-project/vllm, the 0.2x line TRL 1.16 supports):
 - `vllm.LLM(model, **engine_kwargs)` and `LLM.generate(prompts, sampling_params=..., use_tqdm=...)` returning
-  one `RequestOutput` per prompt (vllm/entrypoints/llm.py);
+  one `RequestOutput` per prompt, in the order of the prompts; `sampling_params` is one `SamplingParams` for
+  all or a list of one per prompt (same length, else ValueError); every prompt is validated before any runs,
+  so one invalid prompt (longer than the engine's max_model_len) fails the whole call
+  (vllm/entrypoints/llm.py);
 - `vllm.inputs.TokensPrompt`, a TypedDict with `prompt_token_ids` (vllm/inputs/data.py);
 - `vllm.SamplingParams` with the real field names and defaults for the fields used here, and its range check
   of temperature [0, 2] (vllm/sampling_params.py);
@@ -12,8 +15,9 @@ API by name and shape, as read in vLLM's source (vllm-project/vllm, the 0.2x lin
   just the sampled token (vllm/outputs.py, vllm/logprobs.py; TRL's trl/generation/vllm_generation.py reads
   them the same way);
 - `LLM.llm_engine.engine_core.shutdown()`, the V1 engine-core client's teardown.
-The fake "samples" a scripted continuation, stopping the way vLLM does: at the first stop token (kept) or
-after max_tokens. Nothing here has been compared with a real vLLM on a GPU.
+The fake "samples" a scripted continuation (or one computed from the prompt and its params by
+`FakeVLLM.respond`), stopping the way vLLM does: at the first stop token (kept) or after max_tokens. Nothing
+here has been compared with a real vLLM on a GPU (runs/gpu_check.sh does that where a GPU is lent).
 """
 
 import dataclasses
@@ -31,7 +35,7 @@ import torch
 from conftest import save_micro_checkpoint
 
 import eval as eval_py
-from env.episode import EpisodeConfig, ExitStatus, initial_messages, load_prompts, run_episode
+from env.episode import EpisodeConfig, ExitStatus, TurnRequest, initial_messages, load_prompts, run_episode
 from env.protocol import format_assistant_turn
 from env.tools import CodeTools, tool_schemas
 from nanocomposer import policy as policy_module
@@ -108,9 +112,11 @@ class FakeVLLM:
 
     def __init__(self):
         self.engines: list[dict] = []  # LLM(...) keyword arguments, in order
-        self.requests: list[tuple[dict, SamplingParams, dict]] = []  # (prompt, params, generate kwargs)
+        self.requests: list[tuple[dict, SamplingParams, dict]] = []  # (prompt, its params, generate kwargs)
+        self.calls: list[int] = []  # prompts per LLM.generate call
         self.events: list[str] = []
         self.script: list[tuple[list[int], list[float]]] = []  # continuations, used in turn, the last one repeats
+        self.respond = None  # or (prompt ids, params) -> (ids, logprobs): a continuation per request
         self.module = self._module()
 
     def _module(self) -> types.ModuleType:
@@ -131,24 +137,36 @@ class FakeVLLM:
                 self.llm_engine = types.SimpleNamespace(engine_core=EngineCore(model))
 
             def generate(self, prompts, sampling_params=None, *, use_tqdm=True):
-                outputs = []
-                for i, prompt in enumerate(prompts):
-                    fake.requests.append((prompt, sampling_params, {"use_tqdm": use_tqdm}))
+                fake.calls.append(len(prompts))
+                if isinstance(sampling_params, list):
+                    if len(sampling_params) != len(prompts):
+                        raise ValueError("The lengths of prompts and sampling_params must be the same.")
+                    per_prompt = sampling_params
+                else:
+                    per_prompt = [sampling_params or SamplingParams()] * len(prompts)
+                for prompt in prompts:  # all validated before any runs
                     if self.max_model_len is not None and len(prompt["prompt_token_ids"]) >= self.max_model_len:
-                        raise ValueError("prompt is longer than the maximum model length")
-                    ids, lps = fake.script.pop(0) if len(fake.script) > 1 else fake.script[0]
+                        raise ValueError(f"The decoder prompt (length {len(prompt['prompt_token_ids'])}) is longer "
+                                         f"than the maximum model length of {self.max_model_len}.")
+                outputs = []
+                for i, (prompt, params) in enumerate(zip(prompts, per_prompt)):
+                    fake.requests.append((prompt, params, {"use_tqdm": use_tqdm}))
+                    if fake.respond is not None:
+                        ids, lps = fake.respond(prompt["prompt_token_ids"], params)
+                    else:
+                        ids, lps = fake.script.pop(0) if len(fake.script) > 1 else fake.script[0]
                     token_ids, steps, finish, stop_reason = [], [], "length", None
                     for token, lp in zip(ids, lps):
-                        if len(token_ids) == sampling_params.max_tokens:
+                        if len(token_ids) == params.max_tokens:
                             break
                         token_ids.append(token)
                         steps.append({token: Logprob(logprob=lp, rank=1)})
-                        if token in (sampling_params.stop_token_ids or ()):
+                        if token in (params.stop_token_ids or ()):
                             finish, stop_reason = "stop", token
                             break
                     completion = CompletionOutput(index=0, text="", token_ids=token_ids, cumulative_logprob=sum(
                         s[t].logprob for s, t in zip(steps, token_ids)),
-                        logprobs=steps if sampling_params.logprobs is not None else None,
+                        logprobs=steps if params.logprobs is not None else None,
                         finish_reason=finish, stop_reason=stop_reason)
                     outputs.append(RequestOutput(str(i), None, prompt["prompt_token_ids"], None, [completion], True))
                 return outputs
@@ -256,7 +274,7 @@ def test_act_is_one_token_request_returning_vllm_ids_and_logprobs(fake_vllm, no_
     assert (params.temperature, params.top_p, params.top_k, params.min_p) == (temperature, top_p, 0, 0.0)
     assert (params.repetition_penalty, params.presence_penalty, params.frequency_penalty) == (1.0, 0.0, 0.0)
     assert params.max_tokens == 64 and params.logprobs == 0 and params.stop_token_ids == policy.stop_ids
-    assert params.seed == policy_module._stable_seed(3, calc_task.id, 0, 0) and not params.detokenize
+    assert params.seed == policy_module._stable_seed(3, f"{calc_task.id}#0", 0) and not params.detokenize
     second = policy.act(messages, tools)  # the next turn draws from its own seed
     assert second.completion_ids == completion and fake_vllm.requests[1][1].seed != params.seed
 
@@ -367,6 +385,99 @@ def test_broken_vllm_install_is_named(monkeypatch, checkpoint):
         ModelPolicy(checkpoint, backend="vllm")
 
 
+# --------------------------------------------------------------------------- batches: act_batch, VLLMGenerator
+
+
+def _seed_response(prompt_ids, params):
+    """A continuation that names its request: the last prompt token, then the seed's residues (no stop token)."""
+    ids = [prompt_ids[-1] % 400 + 7] + [params.seed % 97 + 7, params.seed % 89 + 7]
+    return ids, [-(params.seed % 1000) / 1000 - 0.001 * k for k in range(len(ids))]
+
+
+def _requests(calc_task, episodes: int) -> list[TurnRequest]:
+    messages, tools = _conversation(calc_task)
+    # different conversations (so different prompts), different episodes and turns
+    return [TurnRequest(messages + [{"role": "user", "content": "more " * k}], tools, f"{calc_task.id}#{k}", k % 3)
+            for k in range(episodes)]
+
+
+def test_act_batch_is_one_generate_call_with_a_seed_per_request(fake_vllm, checkpoint, transformers_policy,
+                                                                 calc_task):
+    policy = ModelPolicy(checkpoint, sampling=SamplingConfig(max_new_tokens=8, temperature=1.0, seed=5),
+                         backend="vllm")
+    fake_vllm.respond = _seed_response
+    requests = _requests(calc_task, 5)
+    results = policy.act_batch(requests)
+
+    assert fake_vllm.calls == [5]  # one call for the whole batch
+    seeds = [policy_module._stable_seed(5, r.episode_key, r.turn) for r in requests]
+    assert len(set(seeds)) == 5 and [params.seed for _, params, _ in fake_vllm.requests] == seeds
+    for request, seed, gen, (prompt, params, _) in zip(requests, seeds, results, fake_vllm.requests, strict=True):
+        expected_prompt = transformers_policy.render(request.messages, request.tools)
+        assert prompt == {"prompt_token_ids": expected_prompt} and gen.prompt_ids == expected_prompt
+        assert (gen.completion_ids, gen.logprobs) == _seed_response(expected_prompt, params)  # mapped back in order
+        assert gen.truncated and params.max_tokens == 8 and params.temperature == 1.0 and params.logprobs == 0
+    # act is act_batch of one request with the same seed derivation
+    policy.reset(calc_task)
+    policy.act(*_conversation(calc_task))
+    assert fake_vllm.calls[-1] == 1 and fake_vllm.requests[-1][1].seed == policy_module._stable_seed(
+        5, f"{calc_task.id}#0", 0)
+    assert policy.act_batch([]) == [] and fake_vllm.calls == [5, 1]
+
+
+def test_a_request_over_the_context_fails_alone(fake_vllm, checkpoint, calc_task):
+    messages, tools = _conversation(calc_task)
+    policy = ModelPolicy(checkpoint, sampling=SamplingConfig(max_new_tokens=8), backend="vllm")
+    prompt_tokens = len(policy.render(messages, tools))
+    policy = ModelPolicy(checkpoint, sampling=SamplingConfig(max_new_tokens=8, max_context=prompt_tokens + 40),
+                         backend="vllm")
+    fake_vllm.respond = _seed_response
+    long = [*messages, {"role": "user", "content": "x " * 200}]
+    requests = [TurnRequest(messages, tools, "a#0", 0), TurnRequest(long, tools, "b#0", 0),
+                TurnRequest(messages, tools, "c#0", 2)]
+    first, overflow, third = policy.act_batch(requests)
+    assert isinstance(overflow, policy_module.ContextOverflow) and overflow.exit_status == "max_context"
+    assert fake_vllm.calls == [2]  # the overflowing request never reached the engine
+    assert first.prompt_ids == third.prompt_ids and first.completion_ids != third.completion_ids  # own seeds
+
+
+def test_generator_isolates_a_prompt_the_engine_rejects(fake_vllm):
+    from nanocomposer.generation import Completion, VLLMGenerator
+
+    llm = fake_vllm.module.LLM("m", max_model_len=50)
+    fake_vllm.respond = _seed_response
+    generator = VLLMGenerator(lambda: llm, stop_ids=[2])
+    good, bad, other = generator.generate([[5] * 10, [6] * 60, [7] * 20], [11, 12, 13], SamplingConfig(max_new_tokens=4))
+    assert isinstance(bad, ValueError) and "longer than the maximum model length of 50" in str(bad)
+    assert isinstance(good, Completion) and good.ids == [5 % 400 + 7, 11 % 97 + 7, 11 % 89 + 7]
+    assert isinstance(other, Completion) and other.ids[0] == 7 % 400 + 7
+    assert fake_vllm.calls == [3, 1, 1, 1]  # the batch, then each request alone to find the one at fault
+
+
+def test_missing_logprobs_and_misordered_outputs_fail_their_requests(fake_vllm, checkpoint, calc_task, monkeypatch):
+    policy = ModelPolicy(checkpoint, sampling=SamplingConfig(max_new_tokens=4), backend="vllm")
+    fake_vllm.respond = _seed_response
+    real_generate = type(policy.llm).generate
+
+    def second_without_logprobs(self, prompts, sampling_params=None, *, use_tqdm=True):
+        outputs = real_generate(self, prompts, sampling_params, use_tqdm=use_tqdm)
+        outputs[1].outputs[0].logprobs = None
+        return outputs
+
+    monkeypatch.setattr(type(policy.llm), "generate", second_without_logprobs)
+    ok, missing, ok_too = policy.act_batch(_requests(calc_task, 3))
+    assert isinstance(missing, RuntimeError) and "not the log-prob of every sampled one" in str(missing)
+    assert len(ok.completion_ids) == len(ok_too.completion_ids) == 3
+
+    def reversed_outputs(self, prompts, sampling_params=None, *, use_tqdm=True):
+        return real_generate(self, prompts, sampling_params, use_tqdm=use_tqdm)[::-1]
+
+    monkeypatch.setattr(type(policy.llm), "generate", reversed_outputs)
+    results = policy.act_batch(_requests(calc_task, 3))
+    assert [type(r) for r in results] == [RuntimeError, type(ok), RuntimeError]  # the middle one is its own
+    assert "out of request order" in str(results[0])
+
+
 # --------------------------------------------------------------------------- eval.py
 
 
@@ -394,17 +505,17 @@ def test_eval_auto_without_vllm_is_transformers(monkeypatch, no_vllm):
     assert eval_py.resolve_backend("auto") == "transformers"
 
 
-def test_eval_vllm_runs_in_one_process_with_one_engine_per_policy(fake_vllm, checkpoint, two_tasks, tmp_path,
-                                                                   capsys):
+def test_eval_vllm_batches_episodes_with_one_engine_per_policy(fake_vllm, checkpoint, two_tasks, tmp_path, capsys):
     tokenizer = ModelPolicy(checkpoint, backend="vllm", start_engine=False).tokenizer
     fake_vllm.script = [(_submit_ids(tokenizer) + [tokenizer.eos_token_id], [-0.1] * 64)]
     out = tmp_path / "r.json"
     assert eval_py.main(["--tasks", str(two_tasks), "--policy", str(checkpoint), "--output", str(out),
                          "--backend", "vllm", "--workers", "2", "--max-new-tokens", "64", "--quiet"]) == 0
-    assert "running episodes in 1 process" in capsys.readouterr().err
+    assert "cannot batch" not in capsys.readouterr().err
     summary = json.loads(out.read_text())["summary"]
     assert summary["solved"] == 0 and summary["exit_statuses"] == {"submitted": 2}  # submits without fixing
-    assert summary["config"]["backend"] == "vllm" and summary["config"]["workers"] == 1
+    assert summary["config"]["backend"] == "vllm" and summary["config"]["workers"] == 2
+    assert fake_vllm.calls == [2]  # both episodes' turns in one LLM.generate call
     assert fake_vllm.events == [f"start {checkpoint}", f"shutdown {checkpoint}"]  # validation started none
 
     other = Path(shutil.copytree(checkpoint, tmp_path / "runs" / "other" / "sft"))

@@ -1,0 +1,286 @@
+"""Batched token-in/token-out generation: one interface, two backends (transformers, vLLM).
+
+    generator = TransformersGenerator(model, stop_ids)             # or VLLMGenerator(llm, stop_ids)
+    results = generator.generate(prompts, seeds, sampling)         # prompts: list of token-id lists
+    for result in results:                                        # in the order of `prompts`
+        if isinstance(result, Exception): ...                      # this request failed, the others did not
+        ids, logprobs = result                                     # a Completion
+
+Every result carries what RL needs: the completion ids (with the stop token when one was generated) and
+the log-probability of each under the distribution it was drawn from ("processed" log-probs: after
+temperature and top-p; greedy: the raw model distribution), which TRL's importance-sampling correction
+expects. Each sequence draws from its own seed, so a request samples the same tokens whatever else is in
+its batch (up to floating point, below).
+
+Transformers backend, and why it is a hand-written decode loop rather than `model.generate`:
+- `generate` draws a whole batch from one RNG, so a row's sample would depend on its batch-mates; here each
+  row has its own `torch.Generator` seeded with the request's seed.
+- Only `SamplingConfig` decides the decoding (temperature, top-p; nothing else): no generation_config knob
+  a training stage saved (top_k, repetition_penalty, suppress_tokens) can apply, even on a borrowed model.
+- Prompts are left-padded; the attention mask excludes the padding and the position ids count real tokens
+  only (`cumsum(mask) - 1`), so a row sees exactly the positions it would see alone. Rows that generate a
+  stop token leave the batch (their KV-cache rows are dropped), so finished rows cost nothing; the batch
+  ends when every row stopped or reached max_new_tokens.
+- Prompts are sorted by length and packed into batches of at most `max_batch_tokens` padded tokens
+  (rows x (longest prompt + max_new_tokens)), which bounds memory and keeps padding waste low.
+- What holds numerically (fp32, CPU, measured on the test checkpoints): a row's logits in a batch differ
+  from the same prompt run alone by ~1e-7 (matrix products of other shapes round differently; the padding
+  itself contributes exactly zero attention weight), so greedy tokens are identical unless two logits are
+  within ~1e-6 of each other, and tests/test_batched_generation.py checks identity on prompts of very
+  different lengths. Bitwise-equal logits across batch shapes are not promised (nor by vLLM).
+- A borrowed model (RL's live training model) is used in place: no_grad (not inference_mode, whose tensors
+  may not enter autograd later), eval mode for the call and its train/eval mode restored after, and inside
+  `torch.random.fork_rng` so the trainer's global RNG stream is untouched.
+
+vLLM backend: all requests go to the engine in ONE `LLM.generate` call (a list of `TokensPrompt`s and a list
+of per-request `SamplingParams`, each with its own seed), so the engine schedules them together; outputs
+come back in request order. Every decoding knob is set explicitly and the engine must run with
+`logprobs_mode="processed_logprobs"` (ModelPolicy starts it that way).
+
+Per-request failures: if a batch raises (vLLM rejects the whole call when one prompt is invalid; a batch
+may run out of memory), each of its requests is retried alone, so the exception lands on the request that
+caused it and the others are served. A result without a log-prob for every token is that request's error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+DEFAULT_MAX_BATCH_TOKENS = 16384  # padded tokens per transformers batch (~0.5 GB of activations, 5.3M model)
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+    max_context: int | None = None  # None: the model's max_position_embeddings
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens}: must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingConfig.temperature={self.temperature}: must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingConfig.top_p={self.top_p}: must be in (0, 1]")
+        if self.max_context is not None and self.max_context <= self.max_new_tokens:
+            raise ValueError(f"SamplingConfig.max_context={self.max_context}: must exceed "
+                             f"max_new_tokens={self.max_new_tokens}")
+
+
+class Completion(NamedTuple):
+    ids: list[int]  # the stop token included when one ended the sequence
+    logprobs: list[float]  # processed log-prob of each id
+
+
+Result = Completion | Exception
+
+
+def run_isolated(run: Callable[[list[int]], list[Result]], indices: list[int]) -> list[Result]:
+    """`run(indices)`; if it raises, each index alone, so an exception is the result of the request behind it."""
+    try:
+        return run(indices)
+    except Exception as e:  # noqa: BLE001  (returned to the request(s) that caused it)
+        if len(indices) == 1:
+            return [e]
+    results = []
+    for i in indices:
+        try:
+            results.extend(run([i]))
+        except Exception as e:  # noqa: BLE001
+            results.append(e)
+    return results
+
+
+def length_batches(lengths: Sequence[int], max_new_tokens: int, max_batch_tokens: int,
+                   max_batch_size: int) -> list[list[int]]:
+    """Indices of the prompts grouped into batches: longest first, each batch within the padded-token budget.
+
+    A batch's cost is rows x (its longest prompt + max_new_tokens); a prompt over the budget alone is a batch
+    of one (it runs, as it would unbatched).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        current = batches[-1] if batches else None
+        if (current and len(current) < max_batch_size
+                and (len(current) + 1) * (lengths[current[0]] + max_new_tokens) <= max_batch_tokens):
+            current.append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def processed_scores(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The scores tokens are drawn from: logits / temperature, then top-p filtering (transformers' warpers,
+    same order and tie handling); greedy uses the raw logits."""
+    if sampling.temperature == 0:
+        return logits
+    scores = logits / sampling.temperature
+    if sampling.top_p < 1.0:
+        sorted_scores, sorted_ids = torch.sort(scores, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= (1 - sampling.top_p)
+        remove_sorted[..., -1:] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(-1, sorted_ids, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores
+
+
+class TransformersGenerator:
+    """Batched decoding with a transformers causal LM (module docstring).
+
+    `borrowed`: the model belongs to someone else (RL's trainer): plain no_grad instead of inference_mode.
+    """
+
+    def __init__(self, model, stop_ids: Sequence[int], *, borrowed: bool = False,
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, max_batch_size: int = 64):
+        if not stop_ids:
+            raise ValueError("TransformersGenerator: no stop ids (generation would never stop)")
+        if max_batch_tokens < 1 or max_batch_size < 1:
+            raise ValueError(f"TransformersGenerator: max_batch_tokens={max_batch_tokens} and "
+                             f"max_batch_size={max_batch_size} must be >= 1")
+        self.model, self.borrowed = model, borrowed
+        self.stop_ids = list(stop_ids)
+        self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int],
+                 sampling: SamplingConfig) -> list[Result]:
+        if len(prompts) != len(seeds):
+            raise ValueError(f"generate: {len(prompts)} prompts but {len(seeds)} seeds")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("generate: an empty prompt (a causal LM needs at least one token to condition on)")
+        results: list[Result | None] = [None] * len(prompts)
+        batches = length_batches([len(p) for p in prompts], sampling.max_new_tokens, self.max_batch_tokens,
+                                 self.max_batch_size)
+        was_training = self.model.training
+        self.model.eval()
+        grad_off = torch.no_grad() if self.borrowed else torch.inference_mode()
+        devices = [self.device] if self.device.type == "cuda" else []
+
+        def run(rows: list[int]) -> list[Result]:
+            return self._decode([prompts[i] for i in rows], [seeds[i] for i in rows], sampling)
+
+        try:
+            with grad_off, torch.random.fork_rng(devices=devices):
+                for batch in batches:
+                    for i, result in zip(batch, run_isolated(run, batch), strict=True):
+                        results[i] = result
+        finally:
+            self.model.train(was_training)
+        return results
+
+    def _decode(self, prompts: list[Sequence[int]], seeds: list[int], sampling: SamplingConfig) -> list[Completion]:
+        """One left-padded batch, decoded with a KV cache until every row stopped or hit max_new_tokens."""
+        device, rows = self.device, len(prompts)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.zeros((rows, width), dtype=torch.long, device=device)  # padding: id 0, masked out
+        mask = torch.zeros((rows, width), dtype=torch.long, device=device)
+        for r, prompt in enumerate(prompts):
+            input_ids[r, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long, device=device)
+            mask[r, width - len(prompt):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+        stop = torch.tensor(self.stop_ids, device=device)
+        ids: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        alive = list(range(rows))  # original row of each row still in the batch
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
+        cache, last_position = out.cache, positions[:, -1]
+        for step in range(sampling.max_new_tokens):
+            scores = processed_scores(out.logits[:, -1, :].float(), sampling)
+            if sampling.temperature == 0:
+                tokens = scores.argmax(dim=-1)
+            else:
+                probs = scores.softmax(dim=-1)
+                tokens = torch.cat([torch.multinomial(probs[b], 1, generator=generators[row])
+                                    for b, row in enumerate(alive)])
+            token_logprobs = torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+            for b, (token, logprob) in enumerate(zip(tokens.tolist(), token_logprobs.tolist())):
+                ids[alive[b]].append(token)
+                logprobs[alive[b]].append(logprob)
+            if step + 1 == sampling.max_new_tokens:
+                break
+            going = ~torch.isin(tokens, stop)
+            if not bool(going.any()):
+                break
+            if not bool(going.all()):  # finished rows leave the batch and its cache
+                keep = going.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                mask, last_position, tokens = mask[keep], last_position[keep], tokens[keep]
+                alive = [alive[b] for b in keep.tolist()]
+            mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=-1)
+            last_position = last_position + 1
+            out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=last_position[:, None],
+                             cache=cache, use_cache=True)
+        return [Completion(i, lp) for i, lp in zip(ids, logprobs)]
+
+
+class VLLMGenerator:
+    """Batched generation with a `vllm.LLM` engine: one `LLM.generate` call per batch (module docstring).
+
+    `engine` returns the running engine (or raises): ModelPolicy starts and closes it.
+    """
+
+    def __init__(self, engine: Callable[[], object], stop_ids: Sequence[int]):
+        self.engine, self.stop_ids = engine, list(stop_ids)
+
+    def params(self, sampling: SamplingConfig, seed: int):
+        from vllm import SamplingParams
+
+        s = sampling
+        return SamplingParams(
+            max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=0, min_p=0.0,
+            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, seed=int(seed), logprobs=0,
+            stop_token_ids=list(self.stop_ids),
+            detokenize=False)  # the policy decodes with the HF tokenizer, special tokens kept
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int],
+                 sampling: SamplingConfig) -> list[Result]:
+        from vllm.inputs import TokensPrompt
+
+        if len(prompts) != len(seeds):
+            raise ValueError(f"generate: {len(prompts)} prompts but {len(seeds)} seeds")
+        if not prompts:
+            return []
+        llm = self.engine()
+        requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+        params = [self.params(sampling, seed) for seed in seeds]
+
+        def run(indices: list[int]) -> list[Result]:
+            outputs = llm.generate([requests[i] for i in indices], sampling_params=[params[i] for i in indices],
+                                   use_tqdm=False)
+            if len(outputs) != len(indices):
+                raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(indices)} requests")
+            return [_completion(output, requests[i]["prompt_token_ids"]) for output, i in zip(outputs, indices)]
+
+        return run_isolated(run, list(range(len(prompts))))
+
+
+def _completion(output, prompt_ids: list[int]) -> Result:
+    """A vLLM `RequestOutput` as a Completion, or the error that makes it unusable.
+
+    `RequestOutput.outputs[0]` is a `CompletionOutput` whose `token_ids` include the stop token that ended
+    the request and whose `logprobs` (with `logprobs=0`) is one `{token_id: Logprob}` dict per position
+    holding the sampled token (vllm/outputs.py, vllm/logprobs.py).
+    """
+    returned_prompt = getattr(output, "prompt_token_ids", None)
+    if returned_prompt is not None and list(returned_prompt) != prompt_ids:
+        return RuntimeError("vLLM returned an output for a different prompt (outputs out of request order)")
+    completion = output.outputs[0]
+    ids = [int(t) for t in completion.token_ids]
+    steps = completion.logprobs
+    if steps is None or len(steps) != len(ids) or any(t not in step for t, step in zip(ids, steps)):
+        return RuntimeError(f"vLLM returned {len(ids)} tokens but not the log-prob of every sampled one "
+                            f"({'none' if steps is None else len(steps)} positions)")
+    return Completion(ids, [float(step[t].logprob) for t, step in zip(ids, steps)])

@@ -1,0 +1,274 @@
+"""Batched transformers generation (nanocomposer/generation.py) and ModelPolicy.act_batch, on a micro checkpoint.
+
+The central property: a prompt generates the same tokens (greedy, or sampled from its own seed) and the same
+log-probs whether it runs alone or in a left-padded batch with prompts of very different lengths, and whether
+its batch-mates stop early or not. The reference for "alone" is transformers' own `model.generate`.
+"""
+
+import math
+
+import pytest
+import torch
+from conftest import save_micro_checkpoint
+from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+from env.episode import Episode, EpisodeConfig, TurnRequest, initial_messages, load_prompts
+from env.tools import CodeTools, tool_schemas
+from nanocomposer.generation import (
+    Completion,
+    SamplingConfig,
+    TransformersGenerator,
+    length_batches,
+    run_isolated,
+)
+from nanocomposer.policy import ContextOverflow, ModelPolicy, _stable_seed
+
+LENGTHS = (3, 40, 700, 1500)  # very different prompt lengths in one batch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 140 k-parameter model gains nothing from threads
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> ModelPolicy:
+    path = save_micro_checkpoint(tmp_path_factory.mktemp("micro") / "sft")
+    return ModelPolicy(path, sampling=SamplingConfig(max_new_tokens=12))
+
+
+@pytest.fixture(scope="module")
+def prompts(policy) -> list[list[int]]:
+    vocab = policy.model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+def _generator(policy, **kwargs) -> TransformersGenerator:
+    return TransformersGenerator(policy.model, policy.stop_ids, **kwargs)
+
+
+def _count_batches(generator: TransformersGenerator) -> list[list[int]]:
+    """Record the prompt lengths of every batch the generator decodes (a failed batch is retried row by row,
+    which would hide a bug behind correct results: tests assert the batches they expect)."""
+    calls: list[list[int]] = []
+    real_decode = generator._decode
+    generator._decode = lambda p, s, c: calls.append([len(x) for x in p]) or real_decode(p, s, c)
+    return calls
+
+
+def _hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy decoding of one unpadded prompt, never stopping early."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, eos_token_id=None)
+    return out[0, len(prompt):].tolist()
+
+
+def _forward_logprobs(model, prompt, completion, warpers=()) -> torch.Tensor:
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    for warp in warpers:
+        logits = torch.stack([warp(None, row[None])[0] for row in logits])
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+# --------------------------------------------------------------------------- batched == alone
+
+
+def test_batched_greedy_gives_the_tokens_of_each_prompt_alone(policy, prompts):
+    generator = _generator(policy, borrowed=True)
+    sampling = SamplingConfig(max_new_tokens=12)
+    never_stop = TransformersGenerator(policy.model, [policy.model.config.vocab_size + 1])  # an id never sampled
+    batches = _count_batches(never_stop)
+    batched = never_stop.generate(prompts, [0] * len(prompts), sampling)
+    assert batches == [sorted(LENGTHS, reverse=True)]
+    for prompt, result in zip(prompts, batched, strict=True):
+        assert result.ids == _hf_greedy(policy.model, prompt, 12)
+        (alone,) = never_stop.generate([prompt], [0], sampling)
+        assert alone.ids == result.ids and alone.logprobs == pytest.approx(result.logprobs, abs=1e-5)
+        assert torch.allclose(torch.tensor(result.logprobs), _forward_logprobs(policy.model, prompt, result.ids),
+                              atol=1e-4)
+    assert generator.generate(prompts, [0] * 4, sampling) == generator.generate(prompts[::-1], [0] * 4, sampling)[::-1]
+
+
+def test_rows_that_stop_leave_the_batch_without_changing_the_others(policy, prompts):
+    sampling = SamplingConfig(max_new_tokens=12)
+    free = [_hf_greedy(policy.model, p, 12) for p in prompts]
+    # a token one row writes (first at step k > 0) and no other row ever writes: a stop id for that row only
+    row, k = max(((r, k) for r, ids in enumerate(free) for k in range(1, len(ids))
+                  if ids[k] not in ids[:k] and all(ids[k] not in other for o, other in enumerate(free) if o != r)),
+                 key=lambda rk: rk[1])
+    generator = TransformersGenerator(policy.model, [policy.tokenizer.eos_token_id, free[row][k]])
+    batches = _count_batches(generator)
+    results = generator.generate(prompts, [0] * len(prompts), sampling)
+    assert len(batches) == 1  # one batch, not retried row by row
+    for r, (ids, result) in enumerate(zip(free, results, strict=True)):
+        expected = ids[: k + 1] if r == row else ids
+        assert result.ids == expected and len(result.logprobs) == len(expected)
+    assert len(results[row].ids) == k + 1 < 12  # it stopped while the others went on to max_new_tokens
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_each_row_samples_from_its_own_seed(policy, prompts, temperature, top_p):
+    sampling = SamplingConfig(max_new_tokens=12, temperature=temperature, top_p=top_p)
+    generator = _generator(policy)
+    seeds = [11, 22, 33, 44]
+    rng_before = torch.random.get_rng_state()
+    batched = generator.generate(prompts, seeds, sampling)
+    assert torch.equal(torch.random.get_rng_state(), rng_before)  # the caller's RNG is untouched
+    for prompt, seed, result in zip(prompts, seeds, batched, strict=True):
+        (alone,) = generator.generate([prompt], [seed], sampling)
+        assert alone.ids == result.ids  # whatever shares the batch
+        warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+        expected = _forward_logprobs(policy.model, prompt, result.ids, warpers)
+        assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4), (result.logprobs, expected)
+    (other_seed,) = generator.generate([prompts[2]], [99], sampling)
+    assert other_seed.ids != batched[2].ids
+
+
+def test_each_row_sees_the_positions_it_would_see_alone(policy, prompts):
+    """With RoPE a constant shift of every position barely changes the logits, so the positions are checked
+    where the model receives them: the real tokens of a row are numbered 0.. as if it ran alone."""
+    seen = []
+    hook = policy.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["position_ids"].clone(), kwargs["attention_mask"].clone())),
+        with_kwargs=True)
+    try:
+        _generator(policy).generate(prompts, [0] * 4, SamplingConfig(max_new_tokens=3))
+    finally:
+        hook.remove()
+    (prefill_positions, mask), *steps = seen
+    for row, n in enumerate(sorted(LENGTHS, reverse=True)):
+        assert prefill_positions[row, -n:].tolist() == list(range(n)) and mask[row].sum() == n
+        assert [positions[row, 0].item() for positions, _ in steps] == [n, n + 1]
+
+
+def test_small_token_budget_splits_into_batches_with_the_same_results(policy, prompts):
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    seeds = [1, 2, 3, 4]
+    one_batch = _generator(policy).generate(prompts, seeds, sampling)
+    generator = _generator(policy, max_batch_tokens=800)
+    calls = _count_batches(generator)
+    split = generator.generate(prompts, seeds, sampling)
+    assert [r.ids for r in split] == [r.ids for r in one_batch]
+    for r, o in zip(split, one_batch, strict=True):
+        assert r.logprobs == pytest.approx(o.logprobs, abs=1e-5)
+    assert calls == [[1500], [700], [40, 3]]  # longest first; over-budget prompts run alone
+
+
+def test_length_batches_cover_every_prompt_once_within_the_budget():
+    lengths = [5, 900, 30, 30, 400, 2000, 7, 64]
+    batches = length_batches(lengths, max_new_tokens=16, max_batch_tokens=1000, max_batch_size=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert batches[0] == [5]  # 2016 tokens: over budget, alone
+    for batch in batches:
+        assert len(batch) <= 3 and lengths[batch[0]] == max(lengths[i] for i in batch)
+        assert len(batch) == 1 or len(batch) * (lengths[batch[0]] + 16) <= 1000
+    assert length_batches([], 16, 1000, 3) == []
+
+
+def test_a_failing_request_fails_alone(policy, prompts):
+    vocab = policy.model.config.vocab_size
+    bad = prompts[1][:-1] + [vocab + 5]  # an id outside the embedding table
+    results = _generator(policy).generate([prompts[0], bad, prompts[2]], [0, 0, 0], SamplingConfig(max_new_tokens=4))
+    assert isinstance(results[1], IndexError)
+    assert isinstance(results[0], Completion) and isinstance(results[2], Completion)
+
+    def run(indices):
+        if 2 in indices:
+            raise MemoryError("batch too big") if len(indices) > 1 else ValueError("request 2")
+        return [Completion([i], [0.0]) for i in indices]
+
+    out = run_isolated(run, [1, 2, 3])
+    assert out[0] == Completion([1], [0.0]) and isinstance(out[1], ValueError) and out[2] == Completion([3], [0.0])
+
+
+def test_borrowed_training_model_is_restored_and_builds_no_graph(policy, prompts):
+    model = policy.model
+    model.train()
+    try:
+        results = _generator(policy, borrowed=True).generate(prompts[:2], [1, 2], SamplingConfig(max_new_tokens=4,
+                                                                                                  temperature=1.0))
+        assert model.training and all(p.grad is None for p in model.parameters())
+        assert all(len(r.ids) == len(r.logprobs) == 4 for r in results)
+    finally:
+        model.eval()
+
+
+def test_bad_arguments_are_named(policy):
+    generator = _generator(policy)
+    with pytest.raises(ValueError, match="2 prompts but 1 seeds"):
+        generator.generate([[5], [6]], [0], SamplingConfig())
+    with pytest.raises(ValueError, match="an empty prompt"):
+        generator.generate([[5], []], [0, 0], SamplingConfig())
+    with pytest.raises(ValueError, match="no stop ids"):
+        TransformersGenerator(policy.model, [])
+    assert generator.generate([], [], SamplingConfig()) == []
+
+
+# --------------------------------------------------------------------------- ModelPolicy.act_batch
+
+
+def _requests(task, n: int) -> list[TurnRequest]:
+    messages = initial_messages(task, task.repo_dir, load_prompts())
+    tools = tool_schemas(CodeTools(task.repo_dir, task))
+    return [TurnRequest(messages + [{"role": "user", "content": "and " * 40 * k}], tools, f"{task.id}#{k}", k)
+            for k in range(n)]
+
+
+def test_act_batch_equals_one_request_at_a_time_and_act(policy, calc_task):
+    sampled = ModelPolicy(policy.model, policy.tokenizer, SamplingConfig(max_new_tokens=8, temperature=1.0, seed=4))
+    requests = _requests(calc_task, 4)
+    together = sampled.act_batch(requests)
+    for request, gen in zip(requests, together, strict=True):
+        (alone,) = sampled.act_batch([request])
+        assert (alone.prompt_ids, alone.completion_ids, alone.text, alone.truncated) == \
+            (gen.prompt_ids, gen.completion_ids, gen.text, gen.truncated)
+        assert alone.logprobs == pytest.approx(gen.logprobs, abs=1e-5)
+        assert gen.prompt_ids == sampled.render(request.messages, request.tools)
+        assert all(math.isfinite(lp) and lp <= 0 for lp in gen.logprobs)
+    assert len({tuple(g.completion_ids) for g in together}) > 1
+    # act: the request of the episode `reset` started, with the same seed derivation
+    sampled.reset(calc_task)
+    first = sampled.act(requests[0].messages, requests[0].tools)
+    (same,) = sampled.act_batch([TurnRequest(requests[0].messages, requests[0].tools, f"{calc_task.id}#0", 0)])
+    assert first.completion_ids == same.completion_ids
+    assert _stable_seed(4, f"{calc_task.id}#0", 0) != _stable_seed(4, f"{calc_task.id}#0", 1)
+    assert sampled.act_batch([]) == []
+
+
+def test_act_batch_isolates_requests_that_cannot_be_served(policy, calc_task):
+    requests = _requests(calc_task, 3)
+    sizes = [len(policy.render(r.messages, r.tools)) for r in requests]
+    tight = ModelPolicy(policy.model, policy.tokenizer, SamplingConfig(max_new_tokens=8, max_context=sizes[1] + 8))
+    broken = TurnRequest([{"role": "narrator", "content": "?"}], requests[0].tools, "broken#0", 0)  # unrenderable
+    ok, fits, overflow, unrenderable = tight.act_batch([requests[0], requests[1], requests[2], broken])
+    assert len(ok.completion_ids) >= 1 and len(fits.completion_ids) >= 1
+    assert isinstance(overflow, ContextOverflow) and overflow.exit_status == "max_context"
+    assert f"prompt of {sizes[2]} tokens" in str(overflow)
+    assert isinstance(unrenderable, Exception) and "unknown role narrator" in str(unrenderable)
+    with pytest.raises(ContextOverflow):
+        tight.reset(calc_task)
+        tight.act(requests[2].messages, requests[2].tools)
+
+
+def test_episodes_driven_through_act_batch(policy, calc_task):
+    """Several live episodes of one task stepped together through one shared policy (what env.runner does)."""
+    episodes = [Episode(calc_task, EpisodeConfig(max_turns=2), "micro", f"{calc_task.id}#{k}").start()
+                for k in range(3)]
+    try:
+        while pending := [(e, r) for e in episodes if (r := e.request()) is not None]:
+            for (episode, _), result in zip(pending, policy.act_batch([r for _, r in pending]), strict=True):
+                episode.step(result)
+        trajectories = [e.finish() for e in episodes]
+    finally:
+        for e in episodes:
+            e.close()
+    assert all(t.turns and not t.error for t in trajectories), [t.error for t in trajectories]
+    assert all(len(turn["completion_ids"]) == len(turn["logprobs"]) for t in trajectories for turn in t.turns)
