@@ -1,0 +1,257 @@
+"""env/runner.py: the same records as sequential episodes, batched == unbatched, failed records, resume,
+and eval.py surviving SIGKILL (resume) and SIGINT (exit 130) without leftovers."""
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, make_calc_task
+
+from env.episode import EpisodeConfig, Generation, run_episode
+from env.policies import GoldPolicy, NoopPolicy, OraclePolicy
+from env.protocol import format_assistant_turn
+from env.runner import ResultsFileError, TaskRef, default_seed_policy, read_results, run_tasks
+from env.task_sets import resolve_task_set
+from env.tasks import Task
+
+TIMING = {"wall_s", "gen_s", "env_s", "grade_s", "command_s"}
+
+
+def normalize(value):
+    """A record without its timings (wall-clock fields, durations printed in tool output) and object addresses."""
+    if isinstance(value, dict):
+        return {k: normalize(v) for k, v in value.items() if k not in TIMING}
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    if isinstance(value, str):
+        return re.sub(r" at 0x[0-9a-f]+", " at 0x?", re.sub(r"\d+(\.\d+)?s\b", "Xs", value))
+    return value
+
+
+def turn(*calls):
+    return format_assistant_turn(None, list(calls))
+
+
+# --------------------------------------------------------------------------- same records as run_episode
+
+
+@pytest.mark.parametrize("policy, samples", [(OraclePolicy, 2), (GoldPolicy, 1), (NoopPolicy, 1)])
+def test_runner_gives_the_records_of_sequential_episodes(policy, samples):
+    tasks = resolve_task_set("samples").tasks
+    records = run_tasks(tasks, policy, samples=samples, seed=3, concurrency=4, progress=False)
+    expected = []
+    for task in tasks:
+        for s in range(samples):
+            p = policy()
+            default_seed_policy(p, 3 + s)
+            traj = run_episode(task, p, episode_key=f"{task.id}#{3 + s}")
+            expected.append(traj.to_record(sample=s, seed=3 + s))
+    assert normalize(records) == normalize(expected)
+    assert [(r["id"], r["sample"]) for r in records] == [(t.id, s) for t in tasks for s in range(samples)]
+    if policy is not NoopPolicy:
+        assert all(r["solved"] for r in records)
+
+
+# --------------------------------------------------------------------------- batched generation
+
+
+class FakeBatched:
+    """A batched policy whose text depends only on (episode key, turn); it records its batch sizes."""
+
+    name = "fake-batched"
+
+    def __init__(self):
+        self.batches = []
+
+    def act_batch(self, requests):
+        self.batches.append(len(requests))
+        return [self.one(r.episode_key, r.turn) for r in requests]
+
+    def one(self, key: str, turn_index: int):
+        h = int(hashlib.sha256(f"{key}:{turn_index}".encode()).hexdigest(), 16)
+        if key.startswith("calc-c#") and turn_index == 1:
+            return ContextFull("prompt of 99 tokens")  # one request of a batch fails, the others do not
+        fix = ("edit_file", {"path": "calc/ops.py", "old_str": "return a - b", "new_str": "return a + b"})
+        texts = [
+            turn(("run", {"command": f"sleep 0.{h % 4}; echo {h % 97}"}), ("grep", {"pattern": "def add"})),
+            turn(fix) if h % 3 else turn(("read_file", {"path": "calc/ops.py"})),
+            turn(("run_tests", {})),
+            turn(("submit", {"summary": f"done {h % 5}"})),
+        ]
+        text = texts[min(turn_index, 3)]
+        return Generation(text, completion_ids=list(range(5 + h % 7)), truncated=False)
+
+
+class ContextFull(RuntimeError):
+    exit_status = "max_context"
+
+
+def test_batched_and_unbatched_runs_give_identical_trajectories(tmp_path):
+    tasks = [make_calc_task(tmp_path, f"calc-{c}") for c in "abcd"]
+    runs = {}
+    for concurrency in (1, 8):
+        policy = FakeBatched()
+        runs[concurrency] = run_tasks(tasks, lambda policy=policy: policy, samples=2, seed=1,
+                                      concurrency=concurrency, progress=False)
+        runs[concurrency, "batches"] = policy.batches
+    assert normalize(runs[1]) == normalize(runs[8])
+    assert set(runs[1, "batches"]) == {1} and max(runs[8, "batches"]) > 1
+    by_task = {(r["id"], r["sample"]): r for r in runs[8]}
+    assert by_task["calc-c", 0]["exit_status"] == "max_context" and "ContextFull" in by_task["calc-c", 0]["error"]
+    assert {r["exit_status"] for r in runs[8]} - {"max_context"} == {"submitted"}
+    assert any(r["solved"] for r in runs[8]) and all(r["completion_tokens"] for r in runs[8])
+    assert [r["episode_key"] for r in runs[8]] == [f"calc-{c}#{1 + s}" for c in "abcd" for s in range(2)]
+
+
+def test_a_failing_act_batch_ends_each_episode_with_the_reason(tmp_path):
+    class Broken:
+        name = "broken"
+
+        def act_batch(self, requests):
+            raise RuntimeError("CUDA out of memory")
+
+    policy = Broken()
+    records = run_tasks([make_calc_task(tmp_path, "calc-a")], lambda: policy, progress=False)
+    assert records[0]["exit_status"] == "policy_error" and records[0]["error"] == "RuntimeError: CUDA out of memory"
+
+
+# --------------------------------------------------------------------------- bad tasks
+
+
+def test_bad_tasks_give_one_failed_record_each_and_the_rest_run(tmp_path):
+    good = make_calc_task(tmp_path / "a", "good")
+    no_patch = make_calc_task(tmp_path / "b", "no-patch")
+    (no_patch.root / "gold.patch").unlink()
+    broken = tmp_path / "c" / "broken"
+    broken.mkdir(parents=True)
+    (broken / "task.json").write_text(json.dumps({"id": "broken", "test_command": "true"}))
+    ghost = Task("ghost", "x", "true", tmp_path / "nowhere")  # its repo does not exist: the harness fails
+    tasks = [good, TaskRef(broken, {"task_set": "mine"}), no_patch, ghost, good]
+    records = run_tasks(tasks, GoldPolicy, concurrency=3, progress=False)
+    assert [(r["id"], r["exit_status"]) for r in records] == [
+        ("good", "submitted"), ("broken", "invalid_task"), ("no-patch", "policy_error"), ("ghost", "harness_error"),
+        ("good", "submitted")]
+    assert records[0]["solved"] and records[4]["solved"] and not any(r["solved"] for r in records[1:4])
+    assert "lacks required key 'instruction'" in records[1]["error"] and records[1]["task_set"] == "mine"
+    assert "needs a gold.patch" in records[2]["error"] and "FileNotFoundError" in records[3]["error"]
+
+
+def test_a_harness_exception_in_one_episode_is_a_harness_error(tmp_path):
+    tasks = [make_calc_task(tmp_path, f"calc-{c}") for c in "ab"]
+
+    def on_turn(record):
+        if any(c["name"] == "lint" for c in record["calls"]):
+            raise OSError("disk full")
+
+    config = EpisodeConfig(on_turn=on_turn)
+    records = run_tasks(tasks, OraclePolicy, config, samples=3, concurrency=2, progress=False)
+    failed = [r for r in records if r["exit_status"] == "harness_error"]
+    assert failed and all(r["error"] == "OSError: disk full" for r in failed)
+    assert all(r["solved"] for r in records if r["exit_status"] != "harness_error")
+
+
+# --------------------------------------------------------------------------- results file and resume
+
+
+def test_results_file_resume_and_partial_lines(tmp_path):
+    tasks = [make_calc_task(tmp_path, f"calc-{c}") for c in "ab"]
+    path = tmp_path / "episodes.jsonl"
+    full = run_tasks(tasks, OraclePolicy, samples=2, concurrency=2, results_path=path, progress=False)
+    assert read_results(path) == full
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[3] + lines[0] + lines[2][: len(lines[2]) // 2])  # killed while writing a line
+    played = []
+    resumed = run_tasks(tasks, OraclePolicy, samples=2, concurrency=2, results_path=path, resume=True,
+                        progress=False, on_result=lambda record, traj: played.append((record["id"], record["sample"])))
+    assert sorted(played) == [("calc-a", 1), ("calc-b", 0)]
+    assert normalize(resumed) == normalize(full) and read_results(path) == resumed
+    with pytest.raises(ResultsFileError, match="holds episodes of policy 'oracle', not 'noop'"):
+        run_tasks(tasks, NoopPolicy, results_path=path, resume=True, progress=False)
+    path.write_text("{not json\n" + lines[0])
+    with pytest.raises(ResultsFileError, match="line 1"):
+        run_tasks(tasks, OraclePolicy, results_path=path, resume=True, progress=False)
+
+
+# --------------------------------------------------------------------------- eval.py: SIGKILL, SIGINT
+
+
+def _eval(tmp: Path, output: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "eval.py", "--tasks", "samples", "--policy", "oracle", "--samples", "2",
+                             "--workers", "2", "--quiet", "--output", str(output), *extra],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _wait_for_records(path: Path, count: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and path.read_text().count("\n") >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never reached {count} records (eval exited {proc.poll()})")
+
+
+def _leftovers(tmp: Path) -> list[str]:
+    """Workspaces (directories and tmpfs mounts), grading copies and sandboxed processes of runs that used
+    `tmp` as their temp dir."""
+    dirs = [str(p) for p in tmp.rglob("*") if p.is_dir() and re.match(r"(ws|grade)-", p.name)]
+    dirs += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(tmp) in line]
+    procs = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(tmp).encode() in cmdline.read_bytes():
+                procs.append(cmdline.parent.name)
+        except OSError:
+            continue
+    return dirs + procs
+
+
+def _final(output: Path) -> dict:
+    results = json.loads(output.read_text())
+    summary = {k: v for k, v in results["summary"].items() if k not in ("wall_s", "episode_wall_s", "task_sets")}
+    return normalize({"summary": summary, "tasks": results["tasks"]})
+
+
+def test_eval_killed_midway_resumes_to_the_same_results(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    whole = tmp_path / "whole.json"
+    proc = _eval(tmp, whole)
+    assert proc.wait(timeout=600) == 0, proc.stderr.read()
+
+    killed = tmp_path / "killed.json"
+    proc = _eval(tmp, killed)
+    _wait_for_records(killed.with_name("killed.episodes.jsonl"), 3, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, as a crash or an OOM kill would
+    proc.wait()
+    assert not killed.exists()
+    proc = _eval(tmp, killed, "--resume")
+    assert proc.wait(timeout=600) == 0, proc.stderr.read()
+    assert _final(killed) == _final(whole)
+    assert read_results(killed.with_name("killed.episodes.jsonl")) == json.loads(killed.read_text())["tasks"]
+    assert _leftovers(tmp) == []
+
+
+def test_eval_sigint_exits_130_with_a_resume_line_and_keeps_records(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    output = tmp_path / "r.json"
+    episodes = output.with_name("r.episodes.jsonl")
+    proc = _eval(tmp, output)
+    _wait_for_records(episodes, 2, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("eval.py: interrupted: ") and lines[0].endswith("--resume"), err
+    kept = read_results(episodes)
+    assert len(kept) >= 2 and episodes.read_text().endswith("\n") and not output.exists()
+    assert _leftovers(tmp) == []
