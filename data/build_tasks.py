@@ -20,6 +20,12 @@ How many tasks each (project, family) unit makes, at most: `--per-project`, or t
 `--per-family` (a curriculum knob: e.g. more `locate` questions, which a small model can learn to
 answer first); for val/test projects `--held-out-per-project` when given, so the held-out splits can
 be made large enough for tight intervals (>= 100 tasks) without growing the training data.
+
+The task ladder (data/families/ladder.py) needs no source project: `--ladder N` makes N tasks per rung
+for train and `--ladder-held-out M` M per rung for val and for test (each task from its own seed that
+names its split, so train and held-out never share one); `--ladder-only` builds just the ladder. Its
+tasks have tier `ladder`, so `factory:test/ladder` is the whole held-out ladder and
+`factory:test/ladder_locate` one rung.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from data.common import (
     stable_fraction,
     write_manifest,
 )
-from data.families import FAMILIES
+from data.families import FAMILIES, LADDER
 from data.families.base import STDLIB_MODULES, SourceProject, load_projects, load_stdlib_project
 from env.tasks import Task, TaskError, load_task, write_task
 
@@ -183,6 +189,18 @@ def _build_unit(project: SourceProject, family: str, per_project: int, seed: int
     return specs, stats, time.perf_counter() - start
 
 
+def _build_ladder_unit(family: str, split: str, count: int, seed: int) -> tuple[list, Counter, float]:
+    stats: Counter = Counter()
+    start = time.perf_counter()
+    specs = list(LADDER[family](split, seed, count, stats))
+    return specs, stats, time.perf_counter() - start
+
+
+def ladder_size(args: argparse.Namespace, split: str) -> int:
+    """How many tasks each ladder rung makes for `split`."""
+    return args.ladder if split == "train" else args.ladder_held_out
+
+
 def validate_episodes(tasks: list[Task], workers: int) -> dict:
     """Run `gold` (must solve) and `noop` (must not) through the full harness on every task."""
     from env.episode import EpisodeConfig, run_episode
@@ -206,12 +224,16 @@ def validate_episodes(tasks: list[Task], workers: int) -> dict:
 
 def build(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
-    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    families = [] if args.ladder_only else [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise SystemExit(f"--families: unknown family {unknown}; known: {sorted(FAMILIES)}")
-    projects = load_projects(Path(args.projects), args.only.split(",") if args.only else None)
-    if args.stdlib:
+    rungs = [f.strip() for f in args.ladder_families.split(",") if f.strip()]
+    if unknown := [f for f in rungs if f not in LADDER]:
+        raise SystemExit(f"--ladder-families: unknown rung {unknown}; known: {list(LADDER)}")
+    projects = [] if args.ladder_only else load_projects(Path(args.projects), args.only.split(",") if args.only
+                                                         else None)
+    if args.stdlib and not args.ladder_only:
         projects += [load_stdlib_project(name) for name in args.stdlib_modules.split(",")]
     out = prepare_output_dir(args.out, args.overwrite, marker_files=["manifest.json"])
 
@@ -221,7 +243,7 @@ def build(args: argparse.Namespace) -> dict:
             skipped[project.name] = reason
             print(f"skipping {project.name}: {reason}", file=sys.stderr)
     projects = [p for p in projects if p.name not in skipped]
-    splits = assign_splits(projects, args.seed)
+    splits = assign_splits(projects, args.seed) if projects else {s: [] for s in SPLITS}
     split_of = {name: split for split, names in splits.items() for name in names}
     (out / "splits.json").write_text(json.dumps(splits, indent=2) + "\n")
 
@@ -243,6 +265,15 @@ def build(args: argparse.Namespace) -> dict:
                 written.append(spec.write(out / split_of[project.name] / spec.id))
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(tasks=len(written))
+        ladder_units = [(f, s) for s in SPLITS for f in rungs if ladder_size(args, s) > 0]
+        futures = {pool.submit(_build_ladder_unit, f, s, ladder_size(args, s), args.seed): (f, s)
+                   for f, s in ladder_units}
+        for future in progress(as_completed(futures), desc="ladder rungs x splits", total=len(futures), unit="unit"):
+            family, split = futures[future]
+            specs, stats, seconds = future.result()
+            stats_by_family[family].update(stats)
+            seconds_by_family[family] += seconds
+            written.extend(spec.write(out / split / spec.id) for spec in specs)
 
     tasks_by_split = {s: sorted((load_task(d) for d in written if d.parent.name == s), key=lambda t: t.id)
                       for s in SPLITS}
@@ -321,12 +352,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stdlib", action="store_true", help="also use stdlib modules with their Lib/test tests")
     parser.add_argument("--stdlib-modules", default=",".join(STDLIB_MODULES))
+    parser.add_argument("--ladder", type=int, default=0, help="task-ladder tasks per rung in train")
+    parser.add_argument("--ladder-held-out", type=int, default=0, help="task-ladder tasks per rung in val and in test")
+    parser.add_argument("--ladder-families", default=",".join(LADDER), help="which ladder rungs (default: all)")
+    parser.add_argument("--ladder-only", action="store_true", help="build only the ladder (no source projects)")
     parser.add_argument("--validate", action="store_true", help="run gold/noop episodes on every task")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier output in --out")
     args = parser.parse_args(argv)
     if args.per_project < 1 or args.workers < 1 or args.held_out_per_project < 0:
         parser.error("--per-project and --workers must be >= 1, --held-out-per-project >= 0")
+    if args.ladder < 0 or args.ladder_held_out < 0:
+        parser.error("--ladder and --ladder-held-out must be >= 0")
+    if args.ladder_only and not (args.ladder or args.ladder_held_out):
+        parser.error("--ladder-only needs --ladder and/or --ladder-held-out")
     try:
         args.per_family = parse_per_family(args.per_family)
     except ValueError as e:

@@ -1,0 +1,49 @@
+"""ladder_constant (rung d): a constant has the wrong value; only the failing test's output shows the right one.
+
+The instruction names neither the constant nor the value: the agent runs the tests, reads the
+assertion (`assert 3 == 7` under `assert LIMIT == 7`), finds the constant, and fixes it in the code.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterator
+
+from data.families import ladder
+from data.families.base import TaskSpec
+from env.tasks import make_patch
+
+FAMILY = "ladder_constant"
+
+_TEMPLATES = (
+    "The tests fail because a setting in the code has the wrong value. Fix the value in the code, not the test.",
+    "`{test}` is failing. One of the constants is off; the test output shows what it should be. Please fix it.",
+    "Run the tests: a configured value is wrong. Correct the constant so the tests pass (leave the tests alone).",
+    "After the last config change the test suite is red. Find the constant with the wrong value and fix it.",
+)
+
+
+def make(rng: random.Random, names: ladder.Names) -> TaskSpec:
+    modules, inits = ladder.layout(rng, names, rng.randint(2, 6))
+    sources = {path: ladder.filler_module(rng, names, rng.randint(1, 2))[0] for path in modules}
+    home = rng.choice(modules)
+    constants = {names.constant(): rng.randint(2, 500) for _ in range(rng.randint(2, 4))}
+    wrong = rng.choice(list(constants))
+    bad_value = rng.choice([v for v in range(2, 500) if v != constants[wrong] and str(v) not in
+                            str(constants[wrong])])
+    settings = "".join(f"{name} = {value}\n" for name, value in constants.items())
+    fixed = f"{settings}\n\n{sources[home]}" if sources[home] else settings
+    broken = fixed.replace(f"{wrong} = {constants[wrong]}\n", f"{wrong} = {bad_value}\n", 1)
+    test_file = ladder.test_path(home)
+    test_name = f"test_{home.rsplit('/', 1)[-1].removesuffix('.py')}_settings"
+    tests = {test_file: ladder.test_module(ladder.import_path(home), list(constants),
+                                           {test_name: [f"assert {n} == {v}" for n, v in constants.items()]})}
+    repo = sources | inits | tests | {home: broken}
+    return TaskSpec(id="", instruction=rng.choice(_TEMPLATES).format(test=f"{test_file}::{test_name}"),
+                    test_command=ladder.TEST_COMMAND, repo=repo, hidden=tests,
+                    gold_patch=make_patch(repo, {**repo, home: fixed}), meta={"file": home, "symbol": wrong})
+
+
+def generate(split: str, seed: int, count: int, stats: Counter | None = None) -> Iterator[TaskSpec]:
+    return ladder.generate(FAMILY, make, split, seed, count, stats)
