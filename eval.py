@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from env.budget import Budget
@@ -134,10 +134,19 @@ def episodes_path(results_json: Path) -> Path:
 
 def run_benchmark(task_sets: list[TaskSet], policy_spec: str, config: EpisodeConfig, *, workers: int = 1,
                   sampling: dict | None = None, samples: int = 1, backend: str = "auto", progress: bool = True,
-                  results_path: Path | None = None, resume: bool = False) -> dict:
-    """results.json for one policy on several task sets: overall and per-set summaries, one record per episode."""
-    refs = [TaskRef(t, {"task_set": ts.name, "family": t.meta.get("family"), "tier": t.meta.get("tier")})
-            for ts in task_sets for t in ts.tasks]
+                  results_path: Path | None = None, resume: bool = False, limit: int | None = None) -> dict:
+    """results.json for one policy on several task sets: overall and per-set summaries, one record per episode.
+
+    A set's tasks that did not load (`TaskSet.invalid`) are played too: each becomes one invalid_task record
+    with the reason, so a broken task counts as a failure instead of vanishing. `limit`: the first N tasks
+    (valid or not) of each set, by id.
+    """
+    refs = []
+    for ts in task_sets:
+        fields = {"task_set": ts.name}
+        valid = [TaskRef(t, {**fields, "family": t.meta.get("family"), "tier": t.meta.get("tier")}) for t in ts.tasks]
+        invalid = [TaskRef(Path(d), {**fields, "family": None, "tier": None}) for d, _ in getattr(ts, "invalid", [])]
+        refs += sorted(valid + invalid, key=lambda r: r.id)[:limit]
     records, wall_s, workers = run_policy(policy_spec, refs, config, sampling, samples=samples, workers=workers,
                                           backend=backend, results_path=results_path, resume=resume,
                                           progress=progress)
@@ -184,14 +193,12 @@ def main(argv: list[str] | None = None) -> int:
             build_policy(spec, sampling, backend, start_engine=False)
     except (TaskError, ValueError, RuntimeError, OSError) as e:  # ModelLoadError, BackendUnavailable: RuntimeError
         return fail(str(e))
-    if args.limit:
-        task_sets = [replace(ts, tasks=ts.tasks[: args.limit]) for ts in task_sets]
     if args.samples > 1 and budget.temperature == 0 and any(not is_scripted(s) for s in specs):
         print("eval.py: warning: --samples > 1 with --temperature 0 (greedy) repeats identical episodes",
               file=sys.stderr)
     config = EpisodeConfig.from_budget(budget)
     run = {"workers": args.workers, "sampling": sampling, "samples": args.samples, "backend": backend,
-           "progress": not args.quiet, "resume": args.resume}
+           "progress": not args.quiet, "resume": args.resume, "limit": args.limit}
     out_dir = Path(args.out_dir) if args.compare else None
     outputs = [Path(args.output)] if args.policy else [out_dir / reporting.slug(label) / "results.json"
                                                        for label in labels]

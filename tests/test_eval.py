@@ -182,3 +182,80 @@ def test_run_benchmark_reports_each_task_set(two_tasks, tmp_path):
     s = results["summary"]
     assert s["n"] == 3 and s["task_sets"]["ext"]["n"] == 1 and s["task_sets"]["ext"]["label"] == "external: X"
     assert [r["task_set"] for r in results["tasks"]] == [str(two_tasks)] * 2 + ["ext"]
+
+
+# --------------------------------------------------------------------------- recipes, bad input, resume
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "gpu"])
+def test_eval_recipes_parse_into_a_budget(preset, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    args, budget = eval_py.parse_args(["--config", f"recipes/{preset}/eval.yaml", "--policy", "noop",
+                                       "--output", "r.json", "--max-turns", "3"])
+    assert args.tasks and args.workers >= 1 and budget.max_turns == 3  # the flag beats the recipe
+    assert budget.temperature == 0.0 and budget.max_new_tokens >= 128
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--limit", "-1"], "--limit must be >= 1, got -1"),
+    (["--max-turns", "-1"], "max_turns=-1: must be an integer >= 1"),
+    (["--max-wall-s", "-1"], "max_wall_s=-1.0: must be a number of seconds > 0"),
+    (["--max-output-chars", "1"], "max_output_chars=1: must be an integer >= 200"),
+    (["--top-p", "0"], "top_p=0.0: must be in (0, 1]"),
+    (["--workers", "0"], "--workers must be >= 1, got 0"),
+    (["--samples", "0"], "--samples must be >= 1, got 0"),
+    (["--max-turns", "2.5"], "invalid int value: '2.5'"),
+    (["--output", "{tmp}"], "is a directory, not a file"),
+    (["--output", "{tmp}/no/such/r.json"], "does not exist"),
+])
+def test_bad_arguments_fail_before_any_work_with_one_line(flags, says, two_tasks, tmp_path, capsys):
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    argv = ["--tasks", str(two_tasks), "--policy", "gold", "--output", str(tmp_path / "r.json"), *flags]
+    with pytest.raises(SystemExit) as exit_info:
+        eval_py.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and says in err and err.startswith("eval.py: error: ")
+    assert err.count("\n") == 1 and not list(tmp_path.glob("*.json*"))
+
+
+def test_a_broken_task_in_the_set_is_one_failed_record(two_tasks, tmp_path):
+    (two_tasks / "calc-0-broken").mkdir()
+    (two_tasks / "calc-0-broken" / "task.json").write_text('{"id": "broken"}')
+    out = tmp_path / "r.json"
+    assert run("--tasks", two_tasks, "--policy", "gold", "--output", out, "--quiet") == 0
+    records = json.loads(out.read_text())["tasks"]
+    assert [(r["id"], r["exit_status"], r["solved"]) for r in records] == [
+        ("calc-0-broken", "invalid_task", False), ("calc-a", "submitted", True), ("calc-b", "submitted", True)]
+    assert "task.json" in records[0]["error"] and records[0]["task_set"] == str(two_tasks)
+
+
+def test_resume_continues_from_the_episodes_file(two_tasks, tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--tasks", two_tasks, "--policy", "oracle", "--samples", "2", "--output", out, "--quiet"]
+    assert run(*argv) == 0
+    whole = json.loads(out.read_text())
+    episodes = tmp_path / "r.episodes.jsonl"
+    lines = episodes.read_text().splitlines(keepends=True)
+    assert [json.loads(line) for line in lines] == whole["tasks"]
+    episodes.write_text(lines[2] + lines[1][:40])  # a killed run: two episodes lost, one half-written
+    out.unlink()
+    assert run(*argv, "--resume") == 0
+    resumed = json.loads(out.read_text())
+    assert [r["episode_key"] for r in resumed["tasks"]] == [r["episode_key"] for r in whole["tasks"]]
+    assert resumed["tasks"][2] == whole["tasks"][2]  # kept, not replayed
+    assert resumed["summary"]["solved"] == whole["summary"]["solved"] == 4
+
+
+def test_an_eval_record_is_a_replay_file(two_tasks, tmp_path):
+    out = tmp_path / "r.json"
+    assert run("--tasks", two_tasks / "calc-a", "--policy", "oracle", "--seed", "3", "--output", out, "--quiet") == 0
+    record = json.loads(out.read_text())["tasks"][0]
+    (tmp_path / "episode.json").write_text(json.dumps(record))
+    replay = tmp_path / "replay.json"
+    assert run("--tasks", two_tasks / "calc-a", "--policy", f"replay:{tmp_path / 'episode.json'}", "--output", replay,
+               "--quiet") == 0
+    replayed = json.loads(replay.read_text())["tasks"][0]
+    assert [t["text"] for t in replayed["turns"]] == [t["text"] for t in record["turns"]]
+    assert (replayed["solved"], replayed["exit_status"], replayed["n_turns"]) == (True, "submitted", record["n_turns"])
