@@ -15,7 +15,8 @@ calls as explicit negatives (Composer's fix for "hack 1", recipe section 6).
 
 `parse_turn` never raises, whatever the text: JSON nested deeper than `MAX_DEPTH`, integers
 outside +-(2**63 - 1) (Python refuses to even print ints of 4,300+ digits), NaN / Infinity
-(not JSON) and duplicate keys are malformed calls too. Every string it returns (prose, raw
+(not JSON) and duplicate keys are malformed calls too, and so is every block past the
+`MAX_CALLS_PER_TURN`th (all of them together, as one). Every string it returns (prose, raw
 blocks, errors, argument values and keys) is UTF-8 encodable: lone surrogates, which a
 JSON `\ud800` escape or a careless policy can produce and which crash any UTF-8 writer
 later, are replaced by U+FFFD (`utf8_clean`).
@@ -32,6 +33,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _TAG = re.compile(r"</?tool_call>")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_DEPTH = 32  # tool arguments are flat; anything this deep is garbage, and deeper JSON exhausts recursion
+MAX_CALLS_PER_TURN = 64  # blocks past this become one malformed call (a turn of 10,000 blocks is an attack)
 MAX_INT = 2**63 - 1  # larger integers are never meaningful tool arguments
 _PREVIEW_CHARS = 60
 
@@ -259,4 +261,10 @@ def parse_turn(text: str, schemas: dict[str, dict]) -> ParsedTurn:
             calls.append(MalformedCall(raw, str(e)))
             continue
         calls.append(validate_call(payload, schemas, raw))
+    if len(calls) > MAX_CALLS_PER_TURN:  # each call is a thread and a message in the episode: bound them
+        dropped = len(calls) - MAX_CALLS_PER_TURN
+        first = calls[MAX_CALLS_PER_TURN]
+        raw = first.raw if isinstance(first, MalformedCall) else format_tool_call(first.name, first.arguments)
+        calls = calls[:MAX_CALLS_PER_TURN] + [MalformedCall(
+            raw, f"{dropped} more tool call(s) in this turn were not run: at most {MAX_CALLS_PER_TURN} calls per turn")]
     return ParsedTurn("".join(prose).strip(), calls)

@@ -49,6 +49,7 @@ MAX_TIMEOUT_S = 24 * 3600
 MAX_TASK_JSON_BYTES = 1024 * 1024  # instructions and metadata; real ones are a few KB
 MAX_GOLD_PATCH_BYTES = 16 * 1024 * 1024
 MAX_JSON_DEPTH = 32
+MAX_TREE_DEPTH = 64  # directories in repo/ or hidden/; deeper trees are attacks on recursive copies
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -98,6 +99,30 @@ def _resolves_inside(path: Path, base: Path) -> bool:
     except (RuntimeError, OSError):  # a symlink loop (RuntimeError before Python 3.13)
         return False
     return real == base or real.is_relative_to(base)
+
+
+def walk_tree(root: str | Path):
+    """os.walk(root) top-down, never following symlinks, without recursion: Python 3.11's os.walk recurses
+    once per level, so a tree 1,000 directories deep (one `mkdir -p` away) raises RecursionError. Yields
+    (dirpath, dirnames, filenames) like os.walk (symlinks to directories among the filenames, since they
+    are not entered); pruning `dirnames` in place works the same. Unreadable directories are skipped."""
+    stack = [os.fspath(root)]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        dirnames, filenames = [], []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            (dirnames if is_dir else filenames).append(entry.name)
+        yield top, dirnames, filenames
+        stack.extend(os.path.join(top, d) for d in reversed(dirnames))
 
 
 def _check_json_value(value, where: str, key: str) -> None:
@@ -169,11 +194,14 @@ def _check_spec(spec: dict, where: str) -> int:
 def _check_tree(tree: Path, where: str) -> None:
     """Every entry of repo/ or hidden/ is a directory, a regular file, or a relative symlink that stays in `tree`."""
     tree_real = tree.resolve()
-    for dirpath, dirnames, filenames in os.walk(tree, onerror=_raise):  # never follows symlinks
+    for dirpath, dirnames, filenames in walk_tree(tree):
         dirnames.sort()
         for name in sorted(dirnames + filenames):  # sorted: the same entry is named on every machine
             path = Path(dirpath) / name
             rel = path.relative_to(tree.parent).as_posix()
+            if rel.count("/") > MAX_TREE_DEPTH:
+                raise TaskError(f"{where}: {_show(rel[:60] + '...')} is nested more than {MAX_TREE_DEPTH} "
+                                "directories deep")
             try:
                 name.encode("utf-8")
             except UnicodeEncodeError:
@@ -190,10 +218,6 @@ def _check_tree(tree: Path, where: str) -> None:
             elif not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
                 raise TaskError(f"{where}: {_show(rel)} is not a regular file or directory (a FIFO, socket "
                                 "or device would hang or break the copy)")
-
-
-def _raise(error: OSError) -> None:
-    raise error
 
 
 def _check_subdir(root: Path, name: str, where: str, required: bool) -> bool:
@@ -264,7 +288,7 @@ class TaskList(list):
 def _task_dirs(root: Path) -> list[Path]:
     """Directories holding a task.json below `root`; never inside a task's repo/ or hidden/, never via symlinks."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in walk_tree(root):
         names = set(dirnames) | set(filenames)
         if "task.json" in names:
             found.append(Path(dirpath))

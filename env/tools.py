@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import os
 import re
 import shlex
 import shutil
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from env.protocol import MalformedCall, preview, utf8_clean, validate_call
 from env.sandbox import Sandbox
-from env.tasks import Task
+from env.tasks import Task, walk_tree
 from env.workspace import PathError, resolve_in
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ def iter_files(root: Path) -> list[Path]:
     and symlinked directories are never entered (so loops and links to host directories are harmless)."""
     root = Path(root)
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):  # never follows symlinks; unreadable dirs are skipped
+    for dirpath, dirnames, filenames in walk_tree(root):  # no symlinks followed, no recursion
         dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
         for name in filenames:
             path = Path(dirpath) / name

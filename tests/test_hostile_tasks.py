@@ -112,6 +112,7 @@ HOSTILE = [
     ("timeout-astronomical", lambda r, h: spec(r, timeout_s=10**400), "timeout_s"),
     ("timeout-nan", lambda r, h: (r / "task.json").write_text(
         '{"id": "t", "instruction": "i", "test_command": "true", "timeout_s": NaN}'), "timeout_s"),
+    ("repo-too-deep", lambda r, h: (r / "repo" / "/".join(["d"] * 80)).mkdir(parents=True), "nested more than 64"),
     ("repo-missing", lambda r, h: shutil.rmtree(r / "repo"), "repo"),
     ("hidden-a-file", lambda r, h: (shutil.rmtree(r / "hidden"), (r / "hidden").write_text("x")), "hidden"),
 ]

@@ -129,3 +129,10 @@ def test_preview_and_utf8_clean_never_raise():
 def test_unknown_tool_names_are_shown_short():
     turn = parse_turn(block(json.dumps({"name": "x" * 10_000, "arguments": {}})), SCHEMAS)
     assert len(turn.calls[0].error) < 200 and len(turn.calls[0].name) <= 100
+
+
+def test_a_flood_of_blocks_is_capped():
+    call = block('{"name": "submit", "arguments": {"summary": "s"}}')
+    turn = parse_turn(call * 500 + "<tool_call>" * 10_000, SCHEMAS)
+    assert len(turn.calls) == 65 and all(isinstance(c, ToolCall) for c in turn.calls[:64])
+    assert "10436 more tool call(s) in this turn were not run: at most 64" in turn.calls[64].error

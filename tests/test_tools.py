@@ -129,3 +129,16 @@ def test_run_tests_target_cannot_pass_options(tools):
     (tools.workspace / "-p").write_text("")
     out = call_tool(tools, "run_tests", {"target": "-p"})
     assert "no tests ran" in out or "ERROR" in out  # collected as the file ./-p, not read as pytest's -p option
+
+
+def test_a_very_deep_tree_does_not_break_listing_or_search(tools):
+    levels = [tools.workspace]  # 1,200 levels: Python 3.11's os.walk and rmtree recurse once per level
+    for _ in range(1200):
+        levels.append(levels[-1] / "d")
+        levels[-1].mkdir()
+    (levels[-1] / "x.py").write_text("deep_marker = 1\n")
+    out = call_tool(tools, "search", {"query": "deep_marker"})
+    assert out.startswith("d/d/d/") and "deep_marker" in out
+    (levels[-1] / "x.py").unlink()
+    for level in reversed(levels[1:]):  # rmtree in the fixture would hit the recursion limit
+        level.rmdir()
