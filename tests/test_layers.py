@@ -1,0 +1,110 @@
+"""Layers, read from the source (ast), lazy imports inside functions included:
+
+- env/ (the harness) imports nothing from nanocomposer/, data/, torch or transformers, so it runs (and is
+  tested) without the training stack;
+- no module imports a stage script (train_*.py, eval.py, agent.py): stages are entry points, not libraries;
+- the module-level imports of env/ and nanocomposer/ have no circles.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN_IN_ENV = {"nanocomposer", "data", "torch", "transformers"}
+STAGES = {p.stem for p in ROOT.glob("train_*.py")} | {"eval", "agent"}
+PACKAGES = ("env", "nanocomposer", "data", "bench", "scripts")
+# Known violations, each to be fixed by the module's owner; strict: the test fails once one is fixed, so the
+# mark is removed with the fix.
+KNOWN_ENV = {
+    "env/policies.py": "get_policy loads nanocomposer.policy.ModelPolicy lazily (move to nanocomposer.policies)",
+    "env/task_sets.py": "humaneval sets import data.common/data.humaneval (move the builder call out of env/)",
+    "env/tools.py": "tool schemas come from transformers.utils.get_json_schema",
+}
+KNOWN_STAGE_IMPORTS = {
+    "train_sft.py": "its harness check imports eval.evaluate/task_record (use nanocomposer.policies.run_policy)",
+    "bench/rl.py": "imports train_rl to time GRPO steps (move what it needs into nanocomposer/)",
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else Path(path.name)
+    return ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+
+
+def imports(path: Path, module_level_only: bool = False) -> set[str]:
+    """Absolute names `path` imports (relative imports resolved against its package)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    nodes = tree.body if module_level_only else list(ast.walk(tree))
+    package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names |= {f"{base}.{alias.name}" for alias in node.names}
+    return names
+
+
+def env_modules() -> list[Path]:
+    return sorted((ROOT / "env").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_ENV[str(p.relative_to(ROOT))]))
+    if str(p.relative_to(ROOT)) in KNOWN_ENV else p
+    for p in env_modules()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_env_imports_no_training_stack(path):
+    bad = sorted(n for n in imports(path) if n.split(".")[0] in FORBIDDEN_IN_ENV)
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def all_modules() -> list[Path]:
+    files = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
+    return sorted(files + [p for p in ROOT.glob("*.py")])
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_STAGE_IMPORTS[str(p.relative_to(ROOT))]))
+    if str(p.relative_to(ROOT)) in KNOWN_STAGE_IMPORTS else p
+    for p in all_modules()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_imports_a_stage_script(path):
+    bad = sorted(n for n in imports(path) if n.split(".")[0] in STAGES and n.split(".")[0] != path.stem)
+    assert not bad, f"{path.relative_to(ROOT)} imports the stage script(s) {bad}"
+
+
+def test_no_import_circles_in_env_and_nanocomposer():
+    modules = {module_name(p): p for package in ("env", "nanocomposer") for p in (ROOT / package).rglob("*.py")}
+    graph = {name: {m for m in imports(path, module_level_only=True) if m in modules and m != name}
+             for name, path in modules.items()}
+    state: dict[str, int] = {}
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = 1
+        for nxt in sorted(graph[name]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt] if nxt in stack else [name, nxt]
+                raise AssertionError(f"import circle: {' -> '.join(cycle)}")
+            if nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert state  # the walk saw the packages
+
+
+def test_the_import_walker_sees_lazy_and_relative_imports(tmp_path):
+    fake = tmp_path / "probe.py"
+    fake.write_text("import os\n\ndef f():\n    from nanocomposer.policy import ModelPolicy\n    import torch.nn\n")
+    names = imports(fake)
+    assert {"os", "nanocomposer.policy", "nanocomposer.policy.ModelPolicy", "torch.nn"} <= names
+    assert imports(fake, module_level_only=True) == {"os"}
+    assert "env.tasks.Task" in imports(ROOT / "env" / "episode.py", module_level_only=True)
