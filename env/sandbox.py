@@ -44,9 +44,9 @@ v1 pids, both as root and as a normal user; tests/test_sandbox_attacks.py plays 
   pids cgroup (`sandbox-<pid>-<hex>`, pids.max = `Limits.episode_nproc`) holding one child cgroup per
   concurrent run (pids.max = `Limits.nproc`), so the episode as a whole is bounded, however many
   calls or bombs it starts. Without one (a normal user here): RLIMIT_NPROC = `Limits.nproc`, which
-  the kernel counts per uid per user namespace: as a normal user under bwrap, per run (each run has
-  its own user namespace); under root without a pids cgroup, all sandboxes of the process together
-  (one namespace); under the fallbacks, all processes of the caller's uid.
+  the kernel checks against every process of the host uid (measured: the bound is shared by all
+  runs, all sandboxes and the caller's own processes, so one bomb can starve the other runs; the
+  user namespaces bwrap makes do not give each run its own count).
 - Leftovers of a killed harness: cgroups and workspaces are named after their owner pid;
   `sweep_stale()` (here) and `env.workspace.sweep_stale_workspaces()` remove those whose owner is
   dead, killing what is left inside first. Each runs once per process on first use; runners may call
@@ -67,7 +67,7 @@ v1 pids, both as root and as a normal user; tests/test_sandbox_attacks.py plays 
 | read /etc/ssl/private, /etc/shadow             | absent                        | absent                        |
 | fill /tmp, /dev/shm                            | ENOSPC at tmp_mb / shm_mb     | same                          |
 | fill the workspace                             | ENOSPC at disk_mb (tmpfs)     | call fails after the run      |
-| 48 parallel runs, fork bombs                   | <= episode_nproc (cgroup)     | <= nproc per run (RLIMIT_NPROC) |
+| 48 parallel runs, fork bombs                   | <= episode_nproc (cgroup)     | <= nproc for the uid (rlimit) |
 | harness SIGKILLed                              | next sweep removes all        | workspaces swept; no cgroups  |
 
 What is NOT covered:
