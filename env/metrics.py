@@ -1,8 +1,9 @@
 """Episode metrics: the one definition shared by eval.py, the SFT harness check, the SFT builder and RL monitors.
 
-Everything takes *episodes*: `env.episode.Trajectory` objects or eval.py's per-task records (dicts with
-`id`, `solved`, `exit_status`, `turns`, `turn_calls`, `completion_tokens`, `wall_s`), so a results.json
-read back from disk is summarised exactly like live trajectories.
+Everything takes *episodes*: `env.episode.Trajectory` objects or their records (`Trajectory.to_record`:
+dicts with `id`, `solved`, `exit_status`, `turns` (the turn dicts, each with its `calls`),
+`completion_tokens`, `wall_s`; records of older results files with a `turn_calls` list are read too), so a
+results file read back from disk is summarised exactly like live trajectories.
 
 Definitions (documented once, here):
 - solve rate: solved episodes / episodes. With k samples per task it equals the unbiased pass@1.
@@ -13,7 +14,11 @@ Definitions (documented once, here):
 - tool-call validity: share of assistant turns whose calls all parse and validate. A turn with no call
   counts as invalid: in this harness every turn must call a tool (a turn without one ends the episode
   as `no_tool_call`), so "valid" means the turn did what the protocol asks of it.
-- parallel-call rate: share of turns with at least one call that made more than one valid call.
+- parallel-call rate: share of turns with at least one call that made more than one valid call
+  (`is_parallel_turn`; Trajectory.parallel_turns and the RL monitor `behaviour/parallel_call_rate` should
+  count the same turns).
+- parallel-read rate: share of turns with at least one call that issued two or more *distinct read-only*
+  calls together (`independent_reads` >= 2): what the RL `parallel` reward pays for, reported beside it.
 - ask_user rate: share of episodes that called `ask_user` at least once.
 - tool budget: `calls_per_tool` counts valid calls by tool; `turn_share` splits each turn *fractionally*
   across the categories of its valid calls (search+grep+read in one turn: 2/3 search, 1/3 read), so shares
@@ -42,6 +47,7 @@ TOOL_CATEGORIES = {
     "submit": "submit",
 }
 CATEGORIES = ("search", "read", "edit", "test", "ask", "submit", "other", "invalid")
+READ_ONLY_TOOLS = {"read_file", "grep", "search", "lint"}  # safe to issue together; `run` may write
 
 
 # --------------------------------------------------------------------------- statistics
@@ -120,6 +126,12 @@ def _episode_fields(episode) -> dict:
 def is_parallel_turn(calls: list[dict]) -> bool:
     """A parallel turn makes more than one valid call (the one definition; see the module docstring)."""
     return sum(not c["malformed"] for c in calls) > 1
+
+
+def independent_reads(calls: list[dict]) -> int:
+    """Distinct valid read-only calls in one turn (the same call twice counts once)."""
+    return len({(c["name"], repr(sorted((c.get("arguments") or {}).items()))) for c in calls
+                if not c["malformed"] and c["name"] in READ_ONLY_TOOLS})
 
 
 def turn_is_valid(calls: list[dict]) -> bool:
@@ -203,6 +215,8 @@ def summarize(episodes: Iterable, wall_s: float | None = None) -> dict:
         "tool_calls": calls,
         "tool_call_validity": tool_call_validity(turns),
         "parallel_call_rate": sum(is_parallel_turn(t) for t in calling_turns) / len(calling_turns)
+        if calling_turns else 0.0,
+        "parallel_read_rate": sum(independent_reads(t) >= 2 for t in calling_turns) / len(calling_turns)
         if calling_turns else 0.0,
         "malformed_calls": malformed,
         "malformed_rate": malformed / calls if calls else 0.0,

@@ -89,7 +89,7 @@ def build_comparison(results: dict[str, dict], resamples: int = BOOTSTRAP_RESAMP
         return s if scope == "all" else s["task_sets"][scope]
 
     keep = ("n", "n_tasks", "solved", "solve_rate", "solve_rate_ci95", "tool_call_validity", "mean_turns",
-            "mean_completion_tokens", "parallel_call_rate", "ask_user_rate", "malformed_calls", "exit_statuses",
+            "mean_completion_tokens", "parallel_call_rate", "parallel_read_rate", "ask_user_rate", "malformed_calls", "exit_statuses",
             "tool_mix", "turn_share", "episode_wall_s", "wall_s", "kind", "label")
     return {
         "baseline": baseline,
@@ -132,6 +132,7 @@ def comparison_markdown(comparison: dict) -> str:
             ("mean turns", lambda m: _num(m["mean_turns"])),
             ("mean completion tokens", lambda m: _num(m["mean_completion_tokens"], 0)),
             ("parallel-call rate", lambda m: _pct(m["parallel_call_rate"])),
+            ("parallel-read rate", lambda m: _pct(m.get("parallel_read_rate"))),
             ("ask_user rate", lambda m: _pct(m["ask_user_rate"])),
             ("malformed calls", lambda m: str(m["malformed_calls"])),
             ("wall s / episode", lambda m: _num(m["episode_wall_s"].get("mean"))),

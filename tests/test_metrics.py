@@ -155,3 +155,16 @@ def test_trajectories_and_their_records_summarize_alike(calc_task):
     back = [Trajectory.from_record(r) for r in records]
     assert summarize(back, 1.0) == summarize(trajectories, 1.0)
     assert [b.to_record(task_set="x", sample=0) for b in back] == records
+
+
+def test_parallel_rates_are_defined_once():
+    from env.metrics import independent_reads, is_parallel_turn
+
+    reads = [{"name": "read_file", "arguments": {"path": "a"}, "malformed": False},
+             {"name": "read_file", "arguments": {"path": "a"}, "malformed": False},
+             {"name": "grep", "arguments": {"pattern": "x"}, "malformed": False}]
+    assert independent_reads(reads) == 2 and independent_reads(reads[:2]) == 1 and is_parallel_turn(reads[:2])
+    mixed = [{"name": "run", "arguments": {"command": "ls"}, "malformed": False}, call("x", malformed=True)]
+    assert not is_parallel_turn(mixed) and independent_reads(mixed) == 0
+    s = summarize([record("a", True, [reads, reads[:2], mixed, [call("submit")]])])
+    assert s["parallel_call_rate"] == 0.5 and s["parallel_read_rate"] == 0.25
