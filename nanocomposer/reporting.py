@@ -89,8 +89,8 @@ def build_comparison(results: dict[str, dict], resamples: int = BOOTSTRAP_RESAMP
         return s if scope == "all" else s["task_sets"][scope]
 
     keep = ("n", "n_tasks", "solved", "solve_rate", "solve_rate_ci95", "tool_call_validity", "mean_turns",
-            "mean_completion_tokens", "parallel_call_rate", "parallel_read_rate", "ask_user_rate", "malformed_calls", "exit_statuses",
-            "tool_mix", "turn_share", "episode_wall_s", "wall_s", "kind", "label")
+            "mean_completion_tokens", "parallel_call_rate", "parallel_read_rate", "ask_user_rate", "malformed_calls",
+            "exit_statuses", "tool_mix", "turn_share", "episode_wall_s", "wall_s", "kind", "label")
     return {
         "baseline": baseline,
         "task_sets": {name: results[baseline]["summary"]["task_sets"][name]["label"] for name in set_names},
