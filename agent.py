@@ -134,7 +134,11 @@ def cmd_run(args) -> int:
                            ask_user=terminal_answerer(console, interactive))
     task = stage_repo(repo, args.instruction, args.test_command, gold)
     console.print(f"[bold]nanocomposer agent[/bold] on {repo.resolve()} (a sandboxed copy; model {policy.name})")
-    result = run_session(task, policy, config, on_turn=TurnPrinter(console))
+    try:
+        result = run_session(task, policy, config, on_turn=TurnPrinter(console))
+    except KeyboardInterrupt:
+        print("agent.py: interrupted; the repository is unchanged", file=sys.stderr)
+        return 130
     try:
         traj = result.trajectory
         tests = "no test command" if not args.test_command else ("pass" if traj.solved else "fail")
