@@ -5,6 +5,10 @@ set -u
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v rg    >/dev/null 2>&1 || need+=(ripgrep)
+# setpriv + unshare: run as root, the bwrap sandbox drops to uid 65534 with them (env/sandbox.py);
+# runuser: `make test-sandbox-user` runs the sandbox tests as a normal user
+{ command -v setpriv && command -v unshare && command -v runuser; } >/dev/null 2>&1 || need+=(util-linux)
+command -v useradd >/dev/null 2>&1 || need+=(passwd)
 # reST sources of the CPython docs: the natural-language share of the code mix (data/build_corpus.py)
 [ -d /usr/share/doc/python3.11/html/_sources ] || need+=(python3.11-doc)
 [ ${#need[@]} -eq 0 ] && exit 0
