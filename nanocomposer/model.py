@@ -33,6 +33,11 @@ Choices, and why:
   (~0.9 M tokens in 10 min; loss 9.1 -> 4.1) and then learned well-formed tool calls in 60 SFT steps.
   Tying input and output embeddings saves 2.1 M parameters (28% of the untied model).
   The context (4096) only sets RoPE's position limit; it costs no parameters or compute.
+- Presets (`build --preset NAME`; size flags given beside it override single values): `tiny` is the
+  default above; `gpu_scratch` (vocab 8192, hidden 768, 12 layers, 12 heads of 64, SwiGLU 2048, tied
+  embeddings, context 4096) has 91,245,312 parameters at the full vocabulary (6.3 M of them the shared
+  embedding/LM head), GPT-2-small's shape with Llama's blocks: the no-hub GPU pipeline
+  (`runs/gpu_scratch.sh`) trains it from scratch in minutes on one H200 (bf16 mixed precision).
 """
 
 from __future__ import annotations
@@ -65,6 +70,11 @@ SPLIT_PATTERN = (
 )
 
 DEFAULT_SIZES = {"vocab_size": 8192, "hidden": 256, "layers": 4, "heads": 4, "context": 4096, "seed": 0}
+# `python -m nanocomposer.model build --preset NAME`: whole size sets (see the module docstring).
+PRESETS = {
+    "tiny": DEFAULT_SIZES,  # 5.3 M parameters: the CPU pipeline (runs/tiny.sh)
+    "gpu_scratch": {**DEFAULT_SIZES, "hidden": 768, "layers": 12, "heads": 12},  # 91.2 M: runs/gpu_scratch.sh
+}
 
 # How `tokenizer.parse_response` (transformers >= 5.13) reads a generated assistant turn back into
 # `{"role", "content", "tool_calls"}`. TRL's GRPOTrainer needs it for `tools=` and only knows the
@@ -396,8 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="saved DatasetDict with a text column, or a directory of .py",
     )
+    build.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                       help="size set (default tiny); the size flags below override single values of it")
     for name in ("vocab_size", "hidden", "layers", "heads", "context", "seed"):
-        build.add_argument(f"--{name.replace('_', '-')}", type=int, default=DEFAULT_SIZES[name])
+        build.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
+                           help=f"default: the preset's (tiny: {DEFAULT_SIZES[name]})")
 
     bench = commands.add_parser("bench", help="parameters and training tokens/s for candidate sizes")
     bench.add_argument("--vocab-size", type=int, default=DEFAULT_SIZES["vocab_size"])
@@ -408,16 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "build":
-        out = build_base(
-            args.out,
-            args.corpus,
-            vocab_size=args.vocab_size,
-            hidden=args.hidden,
-            layers=args.layers,
-            heads=args.heads,
-            context=args.context,
-            seed=args.seed,
-        )
+        given = {name: getattr(args, name) for name in DEFAULT_SIZES if getattr(args, name) is not None}
+        out = build_base(args.out, args.corpus, **{**PRESETS[args.preset], **given})
         print((out / "README.md").read_text(encoding="utf-8"))
         return 0
 
