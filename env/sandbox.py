@@ -352,8 +352,10 @@ class _PidsCgroup:
 # A Sandbox's idle cgroups beyond this are removed: sequential runs cycle through about
 # (runs per second) x (orphan-reaping delay) of them, parallel tool calls a few more.
 _MAX_IDLE_CGROUPS = 8
-_OWNED_CGROUP = re.compile(r"^sandbox-(\d+)-[0-9a-f]+$")  # an episode cgroup, named after its owner pid
-_LEGACY_CGROUP = re.compile(r"^(sandbox-[0-9a-f]{32}|probe-.*)$")  # ownerless names of older versions
+# An episode cgroup or a probe, named after the pid that made it. Older versions named theirs
+# `sandbox-<hex>`, with no owner: the sweep leaves those alone, as an idle one may belong to a live
+# harness still running old code.
+_OWNED_CGROUP = re.compile(r"^(?:sandbox|probe)-(\d+)-[0-9a-f]+$")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -369,25 +371,17 @@ def _pid_alive(pid: int) -> bool:
 def sweep_stale() -> list[Path]:
     """Remove the cgroups of harness processes that died without closing their Sandboxes (SIGKILL),
     killing whatever is still inside first; returns what was removed. Runs once per process at the
-    first Sandbox; call it at start-up to clean at once. Cheap: one directory listing. Older,
-    ownerless cgroups (`sandbox-<hex>`, probes) are removed only when empty. The pid check assumes
-    the harnesses sharing a cgroup tree share one pid namespace (true here: the tree is our own
-    cgroup's)."""
+    first Sandbox; call it at start-up to clean at once. Cheap: one directory listing. The pid check
+    assumes the harnesses sharing a cgroup tree share one pid namespace (true here: the tree is our
+    own cgroup's)."""
     parent = _pids_cgroup_parent()
     if parent is None:
         return []
     removed = []
     for entry in sorted(parent.iterdir()):
         owned = _OWNED_CGROUP.match(entry.name)
-        if owned and not _pid_alive(int(owned.group(1))):
-            if _PidsCgroup(entry).remove(grace_s=1.0, warn=False):
-                removed.append(entry)
-        elif _LEGACY_CGROUP.match(entry.name) and entry.is_dir():
-            try:
-                entry.rmdir()  # EBUSY while processes are in it: then it may belong to a live harness
-                removed.append(entry)
-            except OSError:
-                pass
+        if owned and not _pid_alive(int(owned.group(1))) and _PidsCgroup(entry).remove(grace_s=1.0, warn=False):
+            removed.append(entry)
     return removed
 
 
