@@ -212,3 +212,62 @@ def test_ask_user_asks_the_person_at_the_terminal(repo, tmp_path):
     os.close(primary)
     shown = bytes(seen).decode()
     assert "ask_user(question=\"Which rounding mode?\")\n    banker's rounding" in shown
+
+
+# ------------------------------------------------------------------ changes.py in process (edge cases)
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def test_apply_handles_symlinks_and_emptied_directories(tmp_path):
+    from nanocomposer.agent.changes import apply_changes, compute_changes, render_diff
+
+    base = tmp_path / "base"
+    (base / "pkg/old").mkdir(parents=True)
+    (base / "pkg/old/a.py").write_text("a\n")
+    (base / "pkg/keep.py").write_text("k\n")
+    repo, work = _copy(base, tmp_path / "repo"), _copy(base, tmp_path / "work")
+    (work / "pkg/old/a.py").unlink()
+    (work / "pkg/old").rmdir()
+    (work / "link").symlink_to("pkg/keep.py")
+    (work / "pkg/keep.py").write_text("k\nno newline at the end")
+    changes = compute_changes(base, work)
+    assert [(c.path, c.status) for c in changes] == [("link", "added"), ("pkg/keep.py", "modified"),
+                                                      ("pkg/old/a.py", "deleted")]
+    diff = render_diff(base, work, changes)
+    assert "new file mode 120000" in diff and "\\ No newline at end of file" in diff
+    apply_changes(repo, work, changes)
+    assert os.readlink(repo / "link") == "pkg/keep.py" and not (repo / "pkg/old").exists()
+    assert tree(repo) == tree(work)
+
+
+def test_apply_refuses_and_writes_nothing(tmp_path):
+    from nanocomposer.agent.changes import ApplyError, apply_changes, compute_changes
+
+    base = tmp_path / "base"
+    (base / "src").mkdir(parents=True)
+    (base / "src/a.py").write_text("a\n")
+    work = _copy(base, tmp_path / "work")
+    (work / "src/a.py").write_text("b\n")
+    (work / "new.py").write_text("new\n")
+    changes = compute_changes(base, work)
+    # the user created the file the agent adds
+    repo = _copy(base, tmp_path / "repo1")
+    (repo / "new.py").write_text("mine\n")
+    before = tree(repo)
+    with pytest.raises(ApplyError, match="new.py changed in the repository"):
+        apply_changes(repo, work, changes)
+    assert tree(repo) == before and not list(repo.glob(".nanocomposer-apply-*"))
+    # a directory on the path became a symlink (writing through it would leave the repository)
+    repo = _copy(base, tmp_path / "repo2")
+    outside = _copy(base / "src", tmp_path / "outside")
+    import shutil
+
+    shutil.rmtree(repo / "src")
+    (repo / "src").symlink_to(outside)
+    with pytest.raises(ApplyError, match="src is no longer a directory"):
+        apply_changes(repo, work, changes)
+    assert (outside / "a.py").read_text() == "a\n" and not (repo / "new.py").exists()
