@@ -68,13 +68,15 @@ class SourceProject:
     def visible_repo(self, files: dict[str, str] | None = None) -> dict[str, str]:
         """The agent's starting repo: all files for `repo` tier, the modules and their tests for `micro`.
 
-        A micro task has to fit a tiny model's context, so its README and support files stay out; its
-        tests stay in, so that `run_tests` runs them (without them it reports "no tests ran" and the agent
-        can never check its work). Grading still runs the pristine copies from hidden/.
+        A micro task has to fit a tiny model's context, so its README and conftest stay out; its tests
+        stay in, so that `run_tests` runs them (without them it reports "no tests ran" and the agent can
+        never check its work), and so does ruff.toml, so that `lint` and the lint step of `run_tests`
+        flag what the grader flags. Grading still lays the pristine copies from hidden/ over them.
         """
         files = self.files if files is None else files
         if self.tier == "micro":
-            return {rel: files[rel] for rel in [*self.source_files, *sorted(self.test_files)]}
+            keep = [*self.source_files, *sorted(self.test_files), *(f for f in ("ruff.toml",) if f in files)]
+            return {rel: files[rel] for rel in keep}
         return dict(files)
 
 
