@@ -10,19 +10,22 @@ SIZE=${SIZE:-full}
 # Held-out splits (val/test projects) get HELD_OUT tasks per project and family, so the eval has
 # >= 100 held-out tasks without growing the training data. A curriculum can weight families in the
 # train split with `data.build_tasks --per-family locate=8` (measured: no gain at the tiny scale, README).
+# The task ladder (data/families/ladder.py, tier `ladder`): LADDER tasks per rung in train, LADDER_HELD_OUT
+# per rung in val and in test (5 rungs: 2 x 5 x 30 = 300 held-out ladder tasks; eval `factory:test/ladder`).
 if [ "$SIZE" = small ]; then
-  CORPUS_CHARS=4000000; PER_PROJECT=2; HELD_OUT=12; STDLIB=""; VARIANTS=2
+  CORPUS_CHARS=4000000; PER_PROJECT=2; HELD_OUT=12; STDLIB=""; VARIANTS=2; LADDER=20; LADDER_HELD_OUT=30
 else
-  CORPUS_CHARS=30000000; PER_PROJECT=6; HELD_OUT=12; STDLIB="--stdlib"; VARIANTS=3
+  CORPUS_CHARS=30000000; PER_PROJECT=6; HELD_OUT=12; STDLIB="--stdlib"; VARIANTS=3; LADDER=60; LADDER_HELD_OUT=30
 fi
 export NANOCOMPOSER_PROGRESS=${NANOCOMPOSER_PROGRESS:-1}
 
 echo "== code mix ($CORPUS_CHARS chars) -> $OUT/corpus"
 $PY -m data.build_corpus --out "$OUT/corpus" --max-chars "$CORPUS_CHARS" --seed 0 --overwrite
 
-echo "== task factory ($PER_PROJECT per project and family, $HELD_OUT in held-out projects) -> $OUT/tasks"
+echo "== task factory ($PER_PROJECT per project and family, $HELD_OUT in held-out projects;" \
+  "ladder $LADDER per rung in train, $LADDER_HELD_OUT in val and test) -> $OUT/tasks"
 $PY -m data.build_tasks --out "$OUT/tasks" --per-project "$PER_PROJECT" --held-out-per-project "$HELD_OUT" \
-  $STDLIB --seed 0 --workers 2 --overwrite
+  --ladder "$LADDER" --ladder-held-out "$LADDER_HELD_OUT" $STDLIB --seed 0 --workers 2 --overwrite
 
 echo "== expert trajectories (oracle, $VARIANTS variants per task) -> $OUT/sft"
 $PY -m data.build_sft --tasks "$OUT/tasks" --out "$OUT/sft" --variants "$VARIANTS" --val-tasks 24 --seed 0 \
