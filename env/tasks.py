@@ -150,7 +150,7 @@ def _read_spec(root: Path, where: str) -> dict:
     if size > MAX_TASK_JSON_BYTES:
         raise TaskError(f"{where}: task.json is {size} bytes; at most {MAX_TASK_JSON_BYTES}")
     try:
-        spec = json.loads(spec_file.read_bytes().decode("utf-8"))
+        spec = json.loads(spec_file.read_bytes().decode("utf-8-sig"))  # a BOM (Windows editors) is fine
     except UnicodeDecodeError as e:
         raise TaskError(f"{where}: task.json is not UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
