@@ -12,12 +12,12 @@ v1 pids, both as root and as a normal user; tests/test_sandbox_attacks.py plays 
   no capabilities, an empty bounding set and no_new_privs. So the command is HOST uid 65534 (nobody),
   not root: host files are protected by their ordinary permissions, a file it makes is owned by
   65534 (a setuid bit on it gives nobody's rights, never root's), /proc/sys and /proc/sysrq-trigger
-  are not writable (bwrap also mounts /proc/sys, sysrq-trigger, irq and bus read-only). The
+  are not writable (and are mounted read-only, with /proc/irq and /proc/bus). The
   workspace is handed to 65534 (chown, never following symlinks) at Sandbox creation and again
   before each run, for files the harness's own tools wrote in between.
 - Identity, run as a normal user: inner uid 65534 is the caller's uid (bwrap --unshare-user
   --disable-userns); the command can do what that user can, no more. /proc/sys, sysrq-trigger, irq
-  and bus are bound read-only explicitly (bwrap only covers them when its setup may write them).
+  and bus are mounted read-only here too.
 - Filesystem: a fresh mount namespace whose root is an empty tmpfs. Read-only binds of /usr (and
   /bin, /lib, /lib64, /sbin as the symlinks or dirs they are), a minimal /etc (only the entries in
   `_ETC_ENTRIES`: TLS roots are /etc/ssl/certs and ca-certificates, never /etc/ssl/private; no
@@ -546,13 +546,13 @@ def _parent_dirs_args(path: Path, made: set[Path]) -> list[str]:
 
 
 def _bwrap_argv(workspace: Path, limits: Limits) -> list[str]:
-    identity, _prefix, _fds, _warning = _bwrap_identity()
+    identity = _bwrap_identity()[0]
     args = ["bwrap", *identity, "--die-with-parent", "--new-session", *_root_dir_args(), "--proc", "/proc"]
-    if "--userns" not in identity:
-        # bwrap covers these only when its setup may write them, which is not the case when the sandbox
-        # user maps to our own uid; as (legacy) root, the files of /proc/sys would be writable.
-        for entry in ("sys", "sysrq-trigger", "irq", "bus"):
-            args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
+    # bwrap 0.8 covers these only when its setup may write the directory (never /proc/sys, whose mode is
+    # 0555). The host's /proc/sys shows the same values: sysctl files resolve against the reader's own
+    # namespaces (net, uts, ipc), not the proc mount's.
+    for entry in ("sys", "sysrq-trigger", "irq", "bus"):
+        args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
     args += ["--dev", "/dev",
              "--perms", "1777", "--size", str(limits.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm",
              "--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]

@@ -79,6 +79,7 @@ def _check_sysctls(ws, result, before):
         Path(p).write_text(before[p])
     assert not changed, f"sandboxed command changed host sysctls {changed}: {result.output}"
     assert result.output.count("WRITE-FAILED") == len(SYSCTLS), result.output
+    assert result.output.split("MOUNT:")[-1].split()[0].split(",")[0] == "ro", result.output  # mounted read-only
 
 
 def _check_sysrq(ws, result, before):
@@ -152,7 +153,8 @@ def _check_host_files_untouched(ws, result, before):
 
 ATTACKS = [
     Attack("proc-sys-write",
-           "; ".join(f"(echo 2 > {p}) 2>/dev/null || echo WRITE-FAILED" for p in SYSCTLS),
+           "; ".join(f"(echo 2 > {p}) 2>/dev/null || echo WRITE-FAILED" for p in SYSCTLS)
+           + "; echo MOUNT: $(grep ' /proc/sys ' /proc/self/mountinfo | cut -d' ' -f6)",
            _check_sysctls, before=lambda: {p: _read(p) for p in SYSCTLS}),
     Attack("sysrq-trigger",
            "if [ -e /proc/sysrq-trigger ]; then (echo h > /proc/sysrq-trigger) 2>/dev/null && echo SYSRQ-WRITTEN; "
