@@ -188,6 +188,10 @@ class _Seen:
         self.results.append((name, args, result))
         for m in _PATH_LINE.finditer(result):
             self.cited.setdefault(m.group(1), set()).update(int(n) for n in m.groups()[1:] if n)
+        for m in _TRACEBACK_LINE.finditer(result):  # File "/tmp/ws/pkg/a.py", line 12: cited for pkg/a.py
+            for path in self.files:
+                if m.group(1) == path or m.group(1).endswith("/" + path):
+                    self.cited.setdefault(path, set()).add(int(m.group(2)))
         if name == "read_file" and not result.startswith("Error"):
             shown = self.lines.setdefault(args["path"], {})
             for m in filter(None, map(_NUMBERED.match, result.splitlines())):
@@ -258,6 +262,7 @@ class OraclePolicy:
         self.queue: list[list[tuple[str, dict]]] = []
         self.grepped: set[str] = set()
         self.searched = False
+        self.listed = False
         self.checked = False
         if task.gold_answer is not None:
             self.edits: list[dict] = []
@@ -371,6 +376,8 @@ class OraclePolicy:
                 not all(seen.lines.get(e["path"]) for e in pending):
             self.grepped.add(symbol)
             return [_call("grep", pattern=rf"\b{symbol}\b")]
+        if unknown := [e["path"] for e in pending if not seen.knows_path(e["path"])]:
+            return self._find_file(seen, unknown[0])
         reads, read_paths = [], set()
         for e in pending:
             if e["name"] != "edit_file" or not e["arguments"]["old_str"] or e["path"] in read_paths:
@@ -393,6 +400,16 @@ class OraclePolicy:
                 self.marked_turns.add(len(self.issued))  # a deliberate mistake: recovery data, not grounded
                 return [("edit_file", {**first["arguments"], "old_str": near_miss})]
         return [(e["name"], e["arguments"]) for e in batch]
+
+    def _find_file(self, seen: _Seen, path: str) -> list:
+        """The file list was cut short and nothing has named `path` yet: look for it before reading it."""
+        if not self.searched and (query := _query(seen.instruction, None)):
+            self.searched = True
+            return [_call("search", query=query)]
+        if not self.listed:
+            self.listed = True
+            return [_call("run", command="find . -name '*.py' | sort")]
+        return [_call("read_file", path=path)]  # `find` listed every file unless its output was cut short
 
     def _read_for(self, seen: _Seen, edit: dict) -> tuple[str, dict]:
         """The read that shows (more of) `edit`'s old_str: a whole file, or a range anchored on a cited line."""
@@ -452,6 +469,7 @@ class OraclePolicy:
 MAX_PAGE_LINES = 60
 _NUMBERED = re.compile(r"^\s*(\d+)\| ?(.*)$")
 _PATH_LINE = re.compile(r"([\w./-]+\.\w+):(\d+)(?:-(\d+))?")
+_TRACEBACK_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _EXIT_CODE = re.compile(r"\[exit code (\d+)\]\s*$")
 _NO_TESTS = re.compile(r"no tests ran|collected 0 items", re.IGNORECASE)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
