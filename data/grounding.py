@@ -12,11 +12,13 @@ Rules, per tool:
     search     every word of the query appears (case-insensitively) in the context
     read_file  the path appears; a line range must contain a line number earlier results cited for
                that path (grep/lint hits `path:N`, tracebacks, search `path:A-B`, read_file numbers)
-    edit_file  the path appears; old_str is a run of consecutive lines some earlier read_file of that
-               path showed (new_str is the expert's own work and is not checked); "" creates a file
+    edit_file  the path appears; old_str is text within consecutive lines that read_file results showed
+               for that path since its last successful edit (new_str is the expert's own work and is not
+               checked); "" creates a file
     lint/run_tests/grep path, run   paths in them appear in the context
-    submit     every code-like token (with `_`, `.`, `/` or a digit) appears; a claim that the tests pass
-               needs a test run in the context after the last edit whose output shows them passing
+    submit     every code-like token (with `_`, `.`, `/` or a digit) appears in the instruction or a tool
+               result (the file list does not count: it names every file, so it proves no answer); a
+               claim that the tests pass needs a test run after the last edit whose output shows them passing
 
 Calls in turns the policy marked as deliberate mistakes (`marked_turns`, e.g. a near-miss edit that
 shows recovery) are reported but not counted. Besides groundedness the report counts wasted calls:
@@ -89,14 +91,24 @@ class _Context:
 
     def __init__(self) -> None:
         self.text: list[str] = []
+        self.prose: list[str] = []  # the instruction and tool results: what an answer may be copied from
         self.lines_by_path: dict[str, set[int]] = {}
-        self.reads: list[tuple[str, list[str]]] = []  # (path, the source lines one read_file result showed)
+        self.shown: dict[str, dict[int, str]] = {}  # path -> line -> text read_file showed since its last edit
         self.last_edit = -1  # index into `events` of the last successful edit
         self.events: list[tuple[str, str]] = []  # (tool name, result) in order
 
     @property
     def blob(self) -> str:
         return "\n".join(self.text)
+
+    @property
+    def prose_blob(self) -> str:
+        return "\n".join(self.prose)
+
+    def add_user(self, content: str) -> None:
+        instruction, _files = content.rsplit("\nFiles:\n", 1) if "\nFiles:\n" in content else (content, "")
+        self.add_text(content)
+        self.prose.append(instruction)
 
     def add_text(self, text: str) -> None:
         self.text.append(text)
@@ -108,17 +120,28 @@ class _Context:
 
     def add_result(self, name: str, arguments: dict | None, result: str) -> None:
         self.add_text(result)
+        self.prose.append(result)
         self.events.append((name, result))
         arguments = arguments or {}
+        path = arguments.get("path", "")
         if name == "read_file" and not result.startswith("Error"):
-            numbered = [_NUMBERED.match(line) for line in result.splitlines()]
-            shown = [m for m in numbered if m]
-            if shown:
-                path = arguments.get("path", "")
-                self.lines_by_path.setdefault(path, set()).update(int(m.group(1)) for m in shown)
-                self.reads.append((path, [m.group(2) for m in shown]))
-        if name == "edit_file" and not result.startswith("Error"):
+            shown = [m for m in map(_NUMBERED.match, result.splitlines()) if m]
+            self.lines_by_path.setdefault(path, set()).update(int(m.group(1)) for m in shown)
+            self.shown.setdefault(path, {}).update((int(m.group(1)), m.group(2)) for m in shown)
+        if name == "edit_file" and result.startswith("Edited"):
             self.last_edit = len(self.events) - 1
+            self.shown.pop(path, None)  # line numbers and text of that file are stale now
+
+    def runs(self, path: str) -> list[str]:
+        """The text of each run of consecutive line numbers shown for `path`."""
+        shown, out = self.shown.get(path, {}), []
+        for start in sorted(n for n in shown if n - 1 not in shown):
+            run, n = [], start
+            while n in shown:
+                run.append(shown[n])
+                n += 1
+            out.append("\n".join(run))
+        return out
 
 
 def _mentions(blob: str, text: str) -> bool:
@@ -171,14 +194,10 @@ def _check_edit(ctx: _Context, args: dict) -> str:
         return f"path {path!r} not in the context"
     if old == "":
         return ""
-    wanted = old.removesuffix("\n").split("\n")
-    for read_path, lines in ctx.reads:
-        if read_path != path or len(wanted) > len(lines):
-            continue
-        for i in range(len(lines) - len(wanted) + 1):
-            if lines[i] == wanted[0] and lines[i:i + len(wanted)] == wanted:
-                return ""
-    return "old_str is not a run of lines an earlier read_file of that path showed"
+    wanted = old.removesuffix("\n")
+    if any(wanted in run for run in ctx.runs(path)):
+        return ""
+    return "old_str is not text an earlier read_file of that path showed (since its last edit)"
 
 
 def _tests_passed_since_edit(ctx: _Context) -> bool:
@@ -192,7 +211,7 @@ def _tests_passed_since_edit(ctx: _Context) -> bool:
 def _check_submit(ctx: _Context, args: dict) -> str:
     summary = args.get("summary", "")
     tokens = [t.strip(".:-") for t in _CODE_TOKEN.findall(summary)]
-    unseen = [t for t in tokens if re.search(r"[_./\d]", t) and not _mentions(ctx.blob, t)]
+    unseen = [t for t in tokens if re.search(r"[_./\d]", t) and not _mentions(ctx.prose_blob, t)]
     if unseen:
         return f"summary names {unseen} not in the context"
     if _PASS_CLAIM.search(summary) and not _tests_passed_since_edit(ctx):
@@ -227,7 +246,7 @@ def grounding_report(messages: list[dict], turns: list[dict], marked_turns=()) -
     for msg in messages:
         role = msg.get("role")
         if role == "user":
-            ctx.add_text(msg.get("content") or "")
+            ctx.add_user(msg.get("content") or "")
         elif role == "assistant":
             turn_index += 1
             calls = [c for c in turns[turn_index]["calls"]] if turn_index < len(turns) else []
