@@ -2,14 +2,15 @@
 
     python -m data.build_sft --tasks artifacts/data/tasks --out artifacts/data/sft --variants 2
 
-Each kept episode is exactly what a model sees in RL and eval (same system prompt, tool
-schemas, tool-result formatting and truncation), exported as a chat row:
+Episodes are played by env.runner.run_tasks (--concurrency at once, tools in threads). Each kept episode
+is exactly what a model sees in RL and eval (same system prompt, tool schemas, tool-result formatting and
+truncation), exported from its record (`Trajectory.to_record`) as a chat row:
 
     {"messages": [...], "tools": "<JSON list of tool schemas>", "task_id", "family", "tier", "variant"}
 
 assistant messages carry `content` (prose) and `tool_calls` with canonical JSON-string
-arguments; the chat template renders them back to the exact raw text the harness parsed
-(checked here for every turn). Only solved, submitted episodes are kept. A separate
+arguments, the calls the loop parsed (its turn records); the chat template renders them back to the
+exact raw text the harness parsed (checked here for every turn). Only solved, submitted episodes are kept. A separate
 `bad_examples.json` holds deliberately malformed turns for tests; it never enters the SFT data.
 """
 
@@ -21,49 +22,55 @@ import random
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from env.episode import EpisodeConfig, Trajectory, run_episode
+from env.episode import EpisodeConfig
 from env.metrics import summarize
 from env.policies import OraclePolicy
-from env.protocol import format_assistant_turn, parse_turn
-from env.tasks import TaskError, load_task, load_task_set
+from env.protocol import format_assistant_turn
+from env.runner import run_tasks
+from env.tasks import Task, TaskError, load_task_set
 
 
 class ExportError(ValueError):
     """A trajectory whose turns do not round-trip through the canonical format."""
 
 
-def sft_messages(traj: Trajectory) -> list[dict]:
-    """Harness messages -> chat-template messages (structured tool calls, JSON-string arguments)."""
-    schemas = {s["function"]["name"]: s["function"] for s in traj.tools}
+def sft_messages(record: dict) -> list[dict]:
+    """Harness messages -> chat-template messages (structured tool calls, JSON-string arguments).
+
+    `record` is the episode record (`Trajectory.to_record`): its turn records hold the calls the loop parsed
+    from each assistant message, so nothing is parsed again. A turn is exported only if its message is the
+    canonical text of those calls (with its prose before them), i.e. what the chat template renders back.
+    """
+    task_id = record["id"]
+    turns = iter(record["turns"])
     out = []
-    for msg in traj.messages:
+    for msg in record["messages"]:
         if msg["role"] != "assistant":
             out.append({k: msg[k] for k in ("role", "content", "name") if k in msg})
             continue
-        parsed = parse_turn(msg["content"], schemas)
-        if parsed.malformed_calls:
-            raise ExportError(f"{traj.task_id}: malformed call in an expert turn: {parsed.malformed_calls[0].error}")
-        if format_assistant_turn(parsed.content, parsed.valid_calls) != msg["content"]:
-            raise ExportError(f"{traj.task_id}: assistant turn is not in canonical form: {msg['content'][:80]!r}")
-        out.append({"role": "assistant", "content": parsed.content, "tool_calls": [
-            {"type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-            for c in parsed.valid_calls]})
+        turn = next(turns, None)
+        if turn is None:
+            raise ExportError(f"{task_id}: more assistant messages than turn records")
+        bad = next((c for c in turn["calls"] if c["malformed"]), None)
+        if bad is not None:
+            raise ExportError(f"{task_id}: malformed call in an expert turn: {bad['error']}")
+        calls = [(c["name"], c["arguments"]) for c in turn["calls"]]
+        text, body = msg["content"], format_assistant_turn(None, calls)
+        content = text[: len(text) - len(body)].strip() if body and text.endswith(body) else text.strip()
+        if format_assistant_turn(content, calls) != text:
+            raise ExportError(f"{task_id}: assistant turn is not in canonical form: {text[:80]!r}")
+        out.append({"role": "assistant", "content": content, "tool_calls": [
+            {"type": "function", "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+            for name, arguments in calls]})
     return out
 
 
-def sft_row(traj: Trajectory, meta: dict, variant: int) -> dict:
-    return {"messages": sft_messages(traj), "tools": json.dumps(traj.tools, ensure_ascii=False),
-            "task_id": traj.task_id, "family": meta.get("family", ""), "tier": meta.get("tier", ""),
-            "variant": variant}
-
-
-def _episode(job: tuple[str, int, EpisodeConfig]) -> tuple[Trajectory, dict, int]:
-    task_dir, variant, config = job
-    task = load_task(task_dir)
-    return run_episode(task, OraclePolicy(seed=variant), config), task.meta, variant
+def sft_row(record: dict, meta: dict) -> dict:
+    return {"messages": sft_messages(record), "tools": json.dumps(record["tools"], ensure_ascii=False),
+            "task_id": record["id"], "family": meta.get("family", ""), "tier": meta.get("tier", ""),
+            "variant": record["seed"]}
 
 
 def bad_examples(rng: random.Random) -> list[dict]:
@@ -83,17 +90,39 @@ def bad_examples(rng: random.Random) -> list[dict]:
     return [{"text": text, "expected_error": err} for text, err in cases]
 
 
-def distribution(trajs: list[Trajectory]) -> dict:
-    turns = Counter(len(t.turns) for t in trajs)
-    return {**summarize(trajs), "turns_histogram": dict(sorted(turns.items())),
-            "recovered_edit_errors": sum(any(c["error"] for tn in t.turns for c in tn["calls"]) for t in trajs),
-            "linted_before_submit": sum(any(c["name"] == "lint" for tn in t.turns for c in tn["calls"]) for t in trajs)}
+def distribution(records: list[dict]) -> dict:
+    turns = Counter(r["n_turns"] for r in records)
+    return {**summarize(records), "turns_histogram": dict(sorted(turns.items())),
+            "recovered_edit_errors": sum(any(c["error"] for t in r["turns"] for c in t["calls"]) for r in records),
+            "linted_before_submit": sum(any(c["name"] == "lint" for t in r["turns"] for c in t["calls"])
+                                        for r in records)}
+
+
+def oracle_rows(tasks: list[Task], variants: int, seed: int, concurrency: int, desc: str) -> tuple[list, list, Counter]:
+    """(SFT rows, the kept records, why the others were dropped): `variants` oracle episodes per task (seeds
+    seed..seed+variants-1), `concurrency` at once through env.runner.run_tasks."""
+    meta = {t.id: t.meta for t in tasks}
+    records = run_tasks(tasks, OraclePolicy, EpisodeConfig(), samples=variants, seed=seed, concurrency=concurrency,
+                        desc=desc)
+    rows, kept, dropped = [], [], Counter()
+    for record in records:
+        if not (record["solved"] and record["exit_status"] == "submitted"):
+            dropped[f"unsolved:{record['exit_status']}"] += 1
+            continue
+        try:
+            rows.append(sft_row(record, meta.get(record["id"], {})))
+        except ExportError as e:
+            dropped["export_error"] += 1
+            print(f"warning: {e}", file=sys.stderr)
+            continue
+        kept.append(record)
+    return rows, kept, dropped
 
 
 def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, limit: int | None,
           tokenizer_path: str | None = None, overwrite: bool = False, val_tasks: int | None = None) -> dict:
+    """Build the SFT dataset; `workers`: oracle episodes played at once (run_tasks concurrency)."""
     import datasets
-    from tqdm import tqdm
 
     from data.common import environment_info, prepare_output_dir, sha256_file, spread_subset, write_manifest
 
@@ -103,7 +132,6 @@ def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, li
     splits = {"train": tasks_dir / "train", "validation": tasks_dir / "val"}
     if not splits["train"].is_dir():  # a plain task set: everything is training data
         splits = {"train": tasks_dir}
-    config = EpisodeConfig()
     result, stats = {}, {}
     for split, path in splits.items():
         if not path.is_dir():
@@ -111,24 +139,11 @@ def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, li
         tasks = load_task_set(path)[:limit] if limit else load_task_set(path)
         if split == "validation" and val_tasks:  # a loss curve needs few; the held-out split may be large
             tasks = spread_subset(tasks, val_tasks)
-        jobs = [(str(t.root), seed + v, config) for t in tasks for v in range(variants)]
-        rows, kept, dropped = [], [], Counter()
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for traj, meta, variant in tqdm(pool.map(_episode, jobs), total=len(jobs), desc=f"oracle {split}"):
-                if not (traj.solved and traj.exit_status == "submitted"):
-                    dropped[f"unsolved:{traj.exit_status}"] += 1
-                    continue
-                try:
-                    rows.append(sft_row(traj, meta, variant))
-                except ExportError as e:
-                    dropped["export_error"] += 1
-                    print(f"warning: {e}", file=sys.stderr)
-                    continue
-                kept.append(traj)
+        rows, kept, dropped = oracle_rows(tasks, variants, seed, workers, f"oracle {split}")
         if not rows:
             raise TaskError(f"no solved oracle episodes in {path}: nothing to train on")
         result[split] = datasets.Dataset.from_list(rows)
-        stats[split] = {"tasks": len(tasks), "episodes": len(jobs), "kept": len(rows),
+        stats[split] = {"tasks": len(tasks), "episodes": len(tasks) * variants, "kept": len(rows),
                         "dropped": dict(dropped), "distribution": distribution(kept)}
         if tokenizer_path:
             stats[split]["tokens"] = _token_stats(rows, tokenizer_path)
@@ -163,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--variants", type=int, default=2, help="oracle episodes per task (different seeds)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--concurrency", "--workers", dest="concurrency", type=int, default=2,
+                   help="oracle episodes played at once (threads; --workers is the old name)")
     p.add_argument("--limit", type=int, default=None, help="at most N tasks per split")
     p.add_argument("--val-tasks", type=int, default=None,
                    help="at most N validation tasks, evenly spaced over the val split (loss curve only)")
@@ -172,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not Path(args.tasks).is_dir():
         p.error(f"--tasks {args.tasks!r} is not a directory")
-    if args.variants < 1 or args.workers < 1:
-        p.error("--variants and --workers must be >= 1")
+    if args.variants < 1 or args.concurrency < 1:
+        p.error("--variants and --concurrency must be >= 1")
     if args.val_tasks is not None and args.val_tasks < 1:
         p.error(f"--val-tasks must be >= 1 (or left out for the whole val split), got {args.val_tasks}")
     try:
-        manifest = build(Path(args.tasks), Path(args.out), args.variants, args.seed, args.workers, args.limit,
+        manifest = build(Path(args.tasks), Path(args.out), args.variants, args.seed, args.concurrency, args.limit,
                          args.tokenizer, args.overwrite, args.val_tasks)
     except (TaskError, ValueError) as e:
         print(f"build_sft: error: {e}", file=sys.stderr)

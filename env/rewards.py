@@ -4,14 +4,14 @@
     reward_weights: [1.0, 0.2, 0.05, 0.05, 0.05, 0.02, 0.1, 0.1]          # in the recipe, next to the names
 
 Each component has TRL's signature `f(completions, **kwargs) -> list[float | None]` and reads the rollout
-extra `episode` (one `episode_facts` dict per completion, computed by the rollout from the harness's
-Trajectory), never the completion text: the outcome is the grade `run_episode` computed with
+extra `episode` (one `episode_facts` dict per completion, computed by the rollout from the episode's record,
+`Trajectory.to_record`), never the completion text: the outcome is the grade `run_episode` computed with
 `env.tasks.grade`, the checker eval.py uses, so the reward cannot drift from eval (recipe section 2).
 TRL logs every component's mean and std per step (`rewards/<name>/mean|std`), never only the sum.
 
 Shaping (recipe section 4) is small next to the outcome: `turns`, `length` and `latency` are costs in
 [-1, 0] (share of the episode budget spent), `parallel` is a credit in [0, 1] (share of tool-calling turns
-that issue two or more independent read-only calls together).
+that issue two or more independent read-only calls together: env.metrics' parallel-read rate).
 
 Reward hacking (recipe section 6) has a switch per hack, to reproduce it for the ablations:
 - hack 1, `malformed_handling`: "penalize" (the fix: each malformed call is an explicit negative) or "drop"
@@ -28,7 +28,8 @@ import functools
 import re
 from collections.abc import Callable
 
-READ_ONLY_TOOLS = {"read_file", "grep", "search", "lint"}  # safe to issue together; `run` may write
+from env.metrics import independent_reads, is_parallel_turn
+
 TEST_FILE = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$|conftest\.py$)")
 TEST_COMMAND = re.compile(r"\bpytest\b|\bunittest\b")
 TOKEN_LIMIT_EXITS = {"max_tokens", "max_context"}  # the episode was cut by a token limit, not ended by the model
@@ -42,43 +43,42 @@ RewardFunc = Callable[..., list[float | None]]
 # --------------------------------------------------------------------------- facts
 
 
-def episode_facts(trajectory, *, max_turns: int, token_budget: int, max_wall_s: float,
+def episode_facts(episode, *, max_turns: int, token_budget: int, max_wall_s: float,
                   lint_new_errors: int | None = None) -> dict:
     """What the rewards and monitors read about one episode (a JSON-safe dict).
 
-    `trajectory` is an `env.episode.Trajectory`; `token_budget` normalises `length` (completion tokens the
-    episode could have spent); `lint_new_errors` is the ruff error count of the final workspace minus that
-    of the starting repo (None: not measured).
+    `episode` is the episode record (`Trajectory.to_record`, what the runner returns) or a Trajectory (read
+    through its record). Counts the record already holds (turns, malformed calls, completion tokens) are
+    taken from it, and per-turn rates use env.metrics' definitions: `parallel_turns` are the turns
+    `is_parallel_turn` counts (the `behaviour/parallel_call_rate` monitor), `parallel_read_turns` those with
+    two or more distinct read-only calls (`independent_reads`, what the `parallel` reward pays for).
+    `token_budget` normalises `length` (completion tokens the episode could have spent); `lint_new_errors` is
+    the ruff error count of the final workspace minus that of the starting repo (None: not measured).
     """
-    calls = [c for turn in trajectory.turns for c in turn["calls"]]
-    valid = [c for c in calls if not c["malformed"]]
-    calling_turns = [t for t in trajectory.turns if t["calls"]]
-
-    def independent_reads(turn) -> int:
-        reads = {(c["name"], repr(sorted(c["arguments"].items()))) for c in turn["calls"]
-                 if not c["malformed"] and c["name"] in READ_ONLY_TOOLS}
-        return len(reads)
-
+    record = episode if isinstance(episode, dict) else episode.to_record()
+    turns = record["turns"]
+    valid = [c for turn in turns for c in turn["calls"] if not c["malformed"]]
+    calling_turns = [turn["calls"] for turn in turns if turn["calls"]]
     edits = [c for c in valid if c["name"] == "edit_file"]
     runs_tests = [i for i, c in enumerate(valid) if c["name"] == "run_tests"
                   or (c["name"] == "run" and TEST_COMMAND.search(str(c["arguments"].get("command", ""))))]
     submits = [i for i, c in enumerate(valid) if c["name"] == "submit"]
-    tokens = trajectory.completion_tokens
     return {
-        "task_id": trajectory.task_id,
-        "exit_status": trajectory.exit_status,
-        "solved": bool(trajectory.solved),
-        "pass_fraction": float(trajectory.grade.get("pass_fraction", float(trajectory.solved))),
-        "turns": len(trajectory.turns),
+        "task_id": record["id"],
+        "exit_status": record["exit_status"],
+        "solved": bool(record["solved"]),
+        "pass_fraction": float((record.get("grade") or {}).get("pass_fraction", float(bool(record["solved"])))),
+        "turns": record["n_turns"],
         "max_turns": max_turns,
-        "completion_tokens": tokens or 0,
+        "completion_tokens": record["completion_tokens"] or 0,
         "token_budget": token_budget,
-        "wall_s": float(trajectory.wall_s),
+        "wall_s": float(record["wall_s"]),
         "max_wall_s": max_wall_s,
-        "calls": len(calls),
-        "malformed_calls": len(calls) - len(valid),
+        "calls": record["tool_calls"],
+        "malformed_calls": record["malformed_calls"],
         "calling_turns": len(calling_turns),
-        "parallel_turns": sum(independent_reads(t) >= 2 for t in calling_turns),
+        "parallel_turns": sum(is_parallel_turn(calls) for calls in calling_turns),
+        "parallel_read_turns": sum(independent_reads(calls) >= 2 for calls in calling_turns),
         "edits": len(edits),
         "failed_edits": sum(c["error"] is not None for c in edits),
         "ask_user_calls": sum(c["name"] == "ask_user" for c in valid),
@@ -87,7 +87,7 @@ def episode_facts(trajectory, *, max_turns: int, token_budget: int, max_wall_s: 
         "ran_tests": bool(runs_tests),
         "submitted": bool(submits),
         "submit_without_test_run": bool(submits) and not any(i < submits[0] for i in runs_tests),
-        "truncated": any(t["truncated"] for t in trajectory.turns) or trajectory.exit_status in TOKEN_LIMIT_EXITS,
+        "truncated": any(turn["truncated"] for turn in turns) or record["exit_status"] in TOKEN_LIMIT_EXITS,
         "lint_new_errors": lint_new_errors,
         "dropped": False,  # set by the rollout under malformed_handling="drop"
     }
@@ -125,7 +125,7 @@ def turns(completions, **kwargs) -> list[float]:
 
 def parallel(completions, **kwargs) -> list[float]:
     """Share of tool-calling turns that issue two or more distinct read-only calls together."""
-    return [e["parallel_turns"] / e["calling_turns"] if e["calling_turns"] else 0.0
+    return [e["parallel_read_turns"] / e["calling_turns"] if e["calling_turns"] else 0.0
             for e in _facts(kwargs, "parallel")]
 
 

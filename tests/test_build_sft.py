@@ -16,7 +16,7 @@ from env.tools import CodeTools, tool_schemas
 
 def test_sft_messages_structure_and_round_trip(calc_task):
     traj = run_episode(calc_task, OraclePolicy(seed=3))
-    msgs = sft_messages(traj)
+    msgs = sft_messages(traj.to_record())
     assert [m["role"] for m in msgs[:2]] == ["system", "user"]
     raw = [m["content"] for m in traj.messages if m["role"] == "assistant"]
     rebuilt = []
@@ -34,7 +34,7 @@ def test_non_canonical_turn_is_refused(calc_task):
     traj = run_episode(calc_task, OraclePolicy(seed=0))
     traj.messages[2]["content"] = traj.messages[2]["content"].replace("\n</tool_call>", "   \n</tool_call>")
     with pytest.raises(ExportError, match="not in canonical form"):
-        sft_messages(traj)
+        sft_messages(traj.to_record())
 
 
 def test_build_keeps_solved_episodes_and_writes_manifest(tmp_path):
@@ -70,6 +70,24 @@ def test_sft_rows_render_exactly_what_the_harness_showed_the_model(calc_task):
     tok = apply_chat_template_to(build_tokenizer((f.read_text() for f in files), vocab_size=600))
     traj = run_episode(calc_task, OraclePolicy(seed=2))
     harness_view = [{k: m[k] for k in ("role", "content") if k in m} for m in traj.messages]
-    as_trained = tok.apply_chat_template(sft_messages(traj), tools=traj.tools, tokenize=False)
+    as_trained = tok.apply_chat_template(sft_messages(traj.to_record()), tools=traj.tools, tokenize=False)
     as_seen = tok.apply_chat_template(harness_view, tools=traj.tools, tokenize=False)
     assert as_trained == as_seen
+
+
+def test_rows_from_turn_records_equal_parsing_the_text_again(calc_task):
+    """The turn records carry the calls the loop parsed: the rows are byte-identical to re-parsing the text."""
+    schemas = {s["function"]["name"]: s["function"] for s in tool_schemas(CodeTools)}
+    for seed in range(4):
+        traj = run_episode(calc_task, OraclePolicy(seed=seed))
+        reparsed = []
+        for m in traj.messages:
+            if m["role"] != "assistant":
+                reparsed.append({k: m[k] for k in ("role", "content", "name") if k in m})
+                continue
+            turn = parse_turn(m["content"], schemas)
+            reparsed.append({"role": "assistant", "content": turn.content, "tool_calls": [
+                {"type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                for c in turn.valid_calls]})
+        record = json.loads(json.dumps(traj.to_record()))  # as read back from a results file
+        assert json.dumps(sft_messages(record)) == json.dumps(reparsed)
