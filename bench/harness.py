@@ -4,6 +4,7 @@
 
 Targets (issue 2): workspace reset < 10 ms for a 50-file repo; sandboxed spawn <= 2x a bare
 spawn; harness overhead (everything but the commands themselves) < 10% of an oracle episode.
+Episodes are played by env.runner.run_tasks (the runner every stage uses), 1 and 4 at once.
 Timings on a shared 2-core machine are noisy: compare medians from the same run.
 """
 
@@ -15,11 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from env.episode import EpisodeConfig, run_episode
+from env.episode import EpisodeConfig
 from env.policies import OraclePolicy
+from env.runner import run_tasks
 from env.sandbox import Sandbox, detect_backend
 from env.tasks import load_task, load_task_set
 from env.tools import CodeTools, call_tool
@@ -101,22 +102,16 @@ def bench_tools(task_dir: Path, reps: int) -> dict:
     return out
 
 
-def _oracle(task_dir: str) -> tuple[float, float, bool]:
-    traj = run_episode(load_task(task_dir), OraclePolicy(seed=0), EpisodeConfig())
-    return traj.wall_s, traj.command_s, traj.solved
-
-
-def bench_episodes(tasks: list, workers: int, rounds: int) -> dict:
-    jobs = [str(t.root) for t in tasks] * rounds
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(_oracle, jobs[:workers]))  # warm the workers (imports)
-        t0 = time.perf_counter()
-        results = list(pool.map(_oracle, jobs))
-        wall = time.perf_counter() - t0
-    episode_wall = sum(r[0] for r in results)
-    command = sum(r[1] for r in results)
-    return {"workers": workers, "episodes": len(jobs), "episodes_per_s": round(len(jobs) / wall, 3),
-            "solved": sum(r[2] for r in results),
+def bench_episodes(tasks: list, concurrency: int, rounds: int) -> dict:
+    """Oracle episodes through env.runner.run_tasks, `concurrency` at once (tools in threads), `rounds` per task."""
+    t0 = time.perf_counter()
+    records = run_tasks(tasks, OraclePolicy, EpisodeConfig(), samples=rounds, concurrency=concurrency,
+                        progress=False)
+    wall = time.perf_counter() - t0
+    episode_wall = sum(r["wall_s"] for r in records)
+    command = sum(r["command_s"] for r in records)
+    return {"concurrency": concurrency, "episodes": len(records), "episodes_per_s": round(len(records) / wall, 3),
+            "solved": sum(r["solved"] for r in records),
             # Parallel calls overlap in time, so summed command time can exceed their wall share:
             # this overhead figure is a lower bound when episodes contain parallel commands.
             "harness_overhead_share": round(max(0.0, 1 - command / episode_wall), 4)}
@@ -135,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "workspace": bench_workspace(args.reps),
         "spawn": bench_spawn(args.reps),
         "tools": bench_tools(tasks[0].root, args.reps),
-        "episodes": [bench_episodes(tasks, w, args.rounds) for w in (1, 2)],
+        "episodes": [bench_episodes(tasks, c, args.rounds) for c in (1, 4)],
     }
     w, s = results["workspace"], results["spawn"]
     print(f"sandbox backend: {results['backend']}")
@@ -146,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print("tool latency (ms):  " + "  ".join(f"{k} {v['p50_ms']}/{v['p95_ms']}" for k, v in results["tools"].items())
           + "   (p50/p95)")
     for e in results["episodes"]:
-        print(f"oracle episodes, {e['workers']} worker(s): {e['episodes_per_s']} episodes/s "
+        print(f"oracle episodes, {e['concurrency']} at once: {e['episodes_per_s']} episodes/s "
               f"({e['solved']}/{e['episodes']} solved), harness overhead {e['harness_overhead_share']:.1%}"
               f"   target < 10%")
     if args.json:

@@ -1,15 +1,23 @@
-"""RL rollouts through the harness: TRL's `rollout_func` runs `env.episode.run_episode`, the loop eval uses.
+"""RL rollouts through the harness: TRL's `rollout_func` plays its episodes with `env.runner.run_tasks`, the
+runner eval uses.
 
     dataset, index = task_prompt_dataset("artifacts/data/tasks/train")        # rows {prompt, task_dir, task_id}
     rollout = AgentRollout(index, tokenizer, RolloutConfig(...), output_dir)
     trainer = GRPOTrainer(model, reward_funcs, args, train_dataset=dataset, rollout_func=rollout, ...)
 
 One loop for everything. TRL hands `rollout_func` the prompts of a step (each repeated num_generations
-times); each prompt is looked up to its task directory and played as one whole episode of
-`run_episode(task, RolloutPolicy(model, ...), EpisodeConfig(...))` in a fresh sandbox: the system prompt,
-tool schemas, parsing, tool-result formatting, output truncation and budgets are eval.py's, because they
-are the episode loop's. `environment_factory` would have put TRL's tool loop in charge of parsing and
-turn-taking (a malformed call is plain text there, field notes), so there would be two loops.
+times); each prompt is looked up to its task directory, and all the step's episodes are played by one
+`run_tasks` call, each in a fresh sandbox: the system prompt, tool schemas, parsing, tool-result formatting,
+output truncation and budgets are eval.py's, because they are the episode loop's (env/episode.py).
+`environment_factory` would have put TRL's tool loop in charge of parsing and turn-taking (a malformed call
+is plain text there, field notes), so there would be two loops.
+
+In-process and batched: the episodes' tools and grading run in the runner's threads (sandboxed commands are
+subprocesses), and every turn that waits for the model goes, with all the others waiting then, to one
+`RolloutPolicy.act_batch` call on the trainer's thread: batched generation with the trainer's live model
+(transformers), or one call of TRL's vLLM engine (`backend = "vllm"`, weights synced by TRL before the
+rollout). There are no worker processes and no weight copies: rollouts use the weights being trained
+(policy lag 0), and a killed trainer leaves no workers behind (its sandboxes are swept by the next run).
 
 One sequence per episode. The sample TRL trains on is `prompt_ids` = the rendered first prompt (system +
 tools + task + assistant header) and `completion_ids` = every later token: the model's own ids of each
@@ -18,8 +26,8 @@ end of turn, tool responses, next assistant header). `env_mask` is 1 on the mode
 environment's (TRL's tool mask: tool results are never trained on); `logprobs` are the sampling
 log-probabilities (0.0 on environment tokens, which the mask excludes).
 
-Token-in, token-out (`RolloutPolicy`): each turn's prompt is the previous prompt + the sampled ids + the
-environment's tokens, not a fresh tokenization of the re-rendered conversation. The template is
+Token-in, token-out (`RolloutPolicy`): each turn's prompt is the episode's previous prompt + the sampled ids
++ the environment's tokens, not a fresh tokenization of the re-rendered conversation. The template is
 prefix-preserving, so when the sampled ids are the tokenizer's own tokenization of the text they decode
 to, both are the same ids and the RL path shows the model exactly what eval's ModelPolicy shows it
 (tested by replaying a trajectory through both). When the model samples a non-canonical split of some
@@ -32,11 +40,9 @@ max_tokens / max_context exits) is marked `truncated` and, by config, masked fro
 (`truncated_episodes: mask`, what TRL's mask_truncated_completions does for single turns; TRL's own flag
 only sees whether the last token is EOS) or kept with the `truncated` reward as a penalty.
 
-Parallelism: with `workers > 0` episodes run in a pool of spawned processes, each holding a copy of the
-policy (one torch thread each); the trainer's weights are copied into shared memory at the start of every
-rollout and each worker loads them before its next episode, so rollouts are on-policy (staleness 0).
-`workers = 0` runs episodes in the trainer process with the live model; `backend = "vllm"` generates each
-turn with TRL's vLLM engine (colocate or server mode; weights synced by TRL before the rollout).
+Timing (logged every step): `timing/generation_s` is the time spent in `act_batch` (on the trainer's
+thread, so wall time), `timing/env_s` the rest of the rollout (tools, grading, sandboxes, lint), and
+`timing/env_share` the env's share of a whole cycle (rollout + training).
 """
 
 from __future__ import annotations
@@ -47,16 +53,27 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from env.episode import EpisodeConfig, ExitStatus, Trajectory, initial_messages, load_prompts, run_episode
+from env.episode import (
+    EpisodeConfig,
+    ExitStatus,
+    Generation,
+    Trajectory,
+    TurnRequest,
+    initial_messages,
+    load_prompts,
+)
+from env.metrics import summarize
 from env.rewards import episode_facts
+from env.runner import TaskRef
 from env.tasks import Task, TaskError, load_task
 from env.workspace import make_workspace, remove_workspace
+from nanocomposer.generation import Completion
 from nanocomposer.policy import ModelPolicy, SamplingConfig
 
 BACKENDS = ("transformers", "vllm")
@@ -128,27 +145,37 @@ def task_prompt_dataset(tasks: str | Path | list[Task], limit: int | None = None
 # --------------------------------------------------------------------------- policy
 
 
-class RolloutPolicy(ModelPolicy):
-    """ModelPolicy that extends its token sequence turn by turn instead of re-tokenizing (module docstring).
+@dataclass
+class _Sequence:
+    """Where one episode's token sequence stands after its last turn (RolloutPolicy)."""
 
-    Each prompt after the first is: previous prompt ids + the ids sampled for the previous turn + the tokens
-    of the text the chat template adds after it (end of turn, tool responses, next assistant header). That
-    text is the difference of two renderings, which the prefix-preserving template makes a suffix; a
-    conversation that is not extended as a suffix (e.g. a compactor rewrote it) raises RolloutError.
+    text: str  # the rendering the last prompt was made from
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    turn_text: str  # what the harness stored as the assistant message of that turn
+
+
+class RolloutPolicy(ModelPolicy):
+    """ModelPolicy that extends each episode's token sequence turn by turn instead of re-tokenizing (module
+    docstring), for every live episode of a runner at once (`act_batch`).
+
+    Each prompt after an episode's first is: its previous prompt ids + the ids sampled for its previous turn +
+    the tokens of the text the chat template adds after it (end of turn, tool responses, next assistant
+    header). That text is the difference of two renderings, which the prefix-preserving template makes a
+    suffix; a conversation that is not extended as a suffix (e.g. a compactor rewrote it) gets a RolloutError
+    for that episode. The state is kept per `episode_key` (a request of turn 0 starts it afresh); `forget()`
+    drops it once a rollout's episodes are over.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.next_episode: int | None = None  # set by the rollout: sampling seeds derive from it
-        self.noncanonical_turns = 0
-        self._last: tuple[str, list[int], list[int], str] | None = None  # text, prompt ids, completion ids, turn text
-        self._pending_text = ""  # the rendering behind the prompt being generated from
+        self._sequences: dict[str, _Sequence] = {}
+        self._rendered: dict[str, str] = {}  # episode key -> the rendering behind the prompt being generated
+        self._requests: Iterator[TurnRequest] | None = None
 
-    def reset(self, task) -> None:
-        super().reset(task)
-        if self.next_episode is not None:
-            self.episode, self.next_episode = self.next_episode, None
-        self._last = None
+    def forget(self) -> None:
+        self._sequences.clear()
+        self._rendered.clear()
 
     def render_text(self, messages: list[dict], tools: list[dict]) -> str:
         from nanocomposer.policy import MESSAGE_KEYS
@@ -157,47 +184,75 @@ class RolloutPolicy(ModelPolicy):
         return self.tokenizer.apply_chat_template(clean, tools=tools or None, add_generation_prompt=True,
                                                   tokenize=False)
 
-    def render(self, messages: list[dict], tools: list[dict]) -> list[int]:
-        text = self.render_text(messages, tools)
-        if self._last is None:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-        else:
-            prev_text, prev_prompt, prev_completion, turn_text = self._last
-            if not text.startswith(prev_text + turn_text):
-                raise RolloutError(f"task {self.task_id}: turn {self.turn} does not extend the previous prompt as a "
-                                   "suffix (was the conversation rewritten, e.g. by a compactor?)")
-            env_text = text[len(prev_text) + len(turn_text):]
-            stop_text = self.tokenizer.decode(prev_completion[-1:], skip_special_tokens=False)
-            if prev_completion and prev_completion[-1] in self.stop_ids and env_text.startswith(stop_text):
-                env_text = env_text[len(stop_text):]  # the model wrote the end-of-turn token itself
-            ids = prev_prompt + prev_completion + self.tokenizer.encode(env_text, add_special_tokens=False)
-        self._pending_text = text
-        return ids
+    def act_batch(self, requests: list[TurnRequest]) -> list[Generation | BaseException]:
+        # ModelPolicy.act_batch renders every request exactly once, in order, before generating: `render` takes
+        # the request it is rendering from this iterator, to know whose token sequence to extend.
+        self._requests = iter(requests)
+        try:
+            results = super().act_batch(requests)
+        finally:
+            self._requests = None
+        for request, result in zip(requests, results, strict=True):
+            key = request.episode_key
+            text = self._rendered.pop(key, None)
+            if isinstance(result, Generation) and text is not None:
+                self._sequences[key] = _Sequence(text, result.prompt_ids, result.completion_ids, result.text)
+            else:  # the episode ends with this error: its sequence is finished
+                self._sequences.pop(key, None)
+        return results
 
-    def act(self, messages: list[dict], tools: list[dict]):
-        gen = super().act(messages, tools)
-        canonical = self.tokenizer.encode(gen.text, add_special_tokens=False)
-        body = gen.completion_ids[:-1] if not gen.truncated else gen.completion_ids
-        self.noncanonical_turns += canonical != body
-        self._last = (self._pending_text, gen.prompt_ids, gen.completion_ids, gen.text)
-        return gen
+    def render(self, messages: list[dict], tools: list[dict]) -> list[int]:
+        request = next(self._requests, None) if self._requests is not None else None
+        if request is None or request.messages is not messages:
+            raise RuntimeError("RolloutPolicy.render is called by act_batch, once per request and in order")
+        key = request.episode_key
+        text = self.render_text(messages, tools)
+        last = self._sequences.pop(key, None) if request.turn > 0 else None
+        if request.turn == 0:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        elif last is None:
+            raise RolloutError(f"episode {key}: turn {request.turn} without the tokens of the turn before it")
+        else:
+            if not text.startswith(last.text + last.turn_text):
+                raise RolloutError(f"episode {key}: turn {request.turn} does not extend the previous prompt as a "
+                                   "suffix (was the conversation rewritten, e.g. by a compactor?)")
+            env_text = text[len(last.text) + len(last.turn_text):]
+            stop_text = self.tokenizer.decode(last.completion_ids[-1:], skip_special_tokens=False)
+            if last.completion_ids and last.completion_ids[-1] in self.stop_ids and env_text.startswith(stop_text):
+                env_text = env_text[len(stop_text):]  # the model wrote the end-of-turn token itself
+            ids = last.prompt_ids + last.completion_ids + self.tokenizer.encode(env_text, add_special_tokens=False)
+        self._rendered[key] = text
+        return ids
 
 
 class VLLMRolloutPolicy(RolloutPolicy):
-    """RolloutPolicy generating each turn with the trainer's vLLM engine (TRL's colocate or server mode).
+    """RolloutPolicy generating with the trainer's vLLM engine (TRL's colocate or server mode): every request of
+    an `act_batch` in one `vllm_generation.generate` call.
 
     Sampling settings are the trainer's (temperature, top_p, and max_completion_length, which train_rl sets to
-    the per-turn max_new_tokens); logprobs are vLLM's processed logprobs of the sampled tokens.
+    the per-turn max_new_tokens; TRL's engine takes no per-request seeds); logprobs are vLLM's processed
+    logprobs of the sampled tokens.
     """
 
     def __init__(self, model, tokenizer, sampling: SamplingConfig, trainer):
         super().__init__(model, tokenizer, sampling)
         self.trainer = trainer
 
-    def _generate(self, prompt_ids: list[int], seed: int) -> tuple[list[int], list[float]]:
-        _, completions, logprobs, _ = self.trainer.vllm_generation.generate([prompt_ids], None, 1)
-        ids = list(completions[0])
-        return ids, [float(lp[0]) if lp and lp[0] is not None else float("nan") for lp in logprobs[0]]
+    def _generate_batch(self, prompts: list[list[int]], seeds: list[int]) -> list[Completion | BaseException]:
+        _, completions, logprobs, _ = self.trainer.vllm_generation.generate(prompts, None, 1)
+        return [Completion(list(ids), [float(lp[0]) if lp and lp[0] is not None else float("nan") for lp in lps])
+                for ids, lps in zip(completions, logprobs, strict=True)]
+
+
+def noncanonical_turns(trajectory: Trajectory, tokenizer) -> int:
+    """Turns whose sampled ids are not the tokenizer's own tokenization of the text they decode to (the stop
+    token aside): where re-tokenizing would have changed the context under the model (module docstring)."""
+    count = 0
+    for turn in trajectory.turns:
+        ids = turn["completion_ids"] or []
+        body = ids if turn["truncated"] else ids[:-1]
+        count += tokenizer.encode(turn["text"], add_special_tokens=False) != body
+    return count
 
 
 # --------------------------------------------------------------------------- samples
@@ -241,7 +296,7 @@ def episode_sample(trajectory: Trajectory, eos_id: int, mask_episode: bool = Fal
 class RolloutConfig:
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    workers: int = 2  # episode processes; 0 = in the trainer process
+    workers: int = 0  # episodes live at once (env.runner concurrency); 0 = all episodes of the rollout
     backend: str = "transformers"
     measure_lint: bool = False  # ruff before/after each episode (the `lint` reward)
     malformed_handling: str = "penalize"  # "drop": episodes with a malformed call leave the loss (hack 1)
@@ -256,22 +311,15 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.truncated_episodes={self.truncated_episodes!r}: expected one of "
                              f"{TRUNCATED_EPISODES}")
         if self.workers < 0:
-            raise ValueError(f"RolloutConfig.workers={self.workers}: must be >= 0")
-
-
-@dataclass
-class EpisodeJob:
-    task_dir: str
-    episode: int  # seeds the sampling of this episode
-    weights_version: int = 0
+            raise ValueError(f"RolloutConfig.workers={self.workers}: must be >= 0 (0: all episodes at once)")
 
 
 @dataclass
 class EpisodeResult:
     trajectory: Trajectory
+    record: dict  # Trajectory.to_record (with token ids): what the facts and monitors read
     lint_new_errors: int | None
     noncanonical_turns: int
-    env_s: float  # everything in the episode that was not generation (tools, grading, sandbox, lint)
 
 
 def ruff_errors(directory: Path) -> int:
@@ -299,138 +347,108 @@ def baseline_lint(task: Task) -> int:
     return _BASELINE_LINT[str(task.root)]
 
 
-def play_episode(policy: RolloutPolicy, job: EpisodeJob, config: EpisodeConfig, measure_lint: bool) -> EpisodeResult:
-    """One episode of `job`'s task in a fresh sandbox (plus the lint count when asked)."""
-    task = load_task(job.task_dir)
-    policy.next_episode = job.episode
-    before = policy.noncanonical_turns
-    trajectory = run_episode(task, policy, replace(config, keep_workspace=measure_lint or config.keep_workspace))
-    lint_new_errors = None
-    if measure_lint:
-        t0 = time.perf_counter()
-        try:
-            lint_new_errors = ruff_errors(Path(trajectory.workspace)) - baseline_lint(task)
-        finally:
-            if not config.keep_workspace:
-                remove_workspace(Path(trajectory.workspace))
-        trajectory.wall_s += time.perf_counter() - t0
-    return EpisodeResult(trajectory, lint_new_errors, policy.noncanonical_turns - before,
-                         trajectory.wall_s - trajectory.gen_s)
+def make_rollout_policy(model, tokenizer, config: RolloutConfig, trainer=None) -> RolloutPolicy:
+    """The policy every episode of every rollout shares: the trainer's live model (transformers), or the
+    trainer's vLLM engine, whose weights TRL syncs before the rollout."""
+    if config.backend == "vllm":
+        return VLLMRolloutPolicy(model, tokenizer, config.sampling, trainer)
+    return RolloutPolicy(model, tokenizer, config.sampling, name="rollout")
 
 
-_WORKER: dict = {}  # per worker process: model, policy, shared weights, loaded version, config
+def play_episodes(policy: RolloutPolicy, task_dirs: list[str], config: RolloutConfig, seed: int,
+                  tasks: dict[str, Task] | None = None) -> list[EpisodeResult]:
+    """One episode per entry of `task_dirs` (a task repeated G times: G episodes), all through one
+    `env.runner.run_tasks` call: tools and grading in its threads, every waiting turn in one `act_batch`.
 
+    The k-th occurrence of a task is its sample k (seed `seed + k`, episode key f"{task id}#{seed + k}"). The
+    runner plays every task as often as the most repeated one (GRPO repeats each prompt num_generations
+    times, so normally nothing is extra); extra episodes are played and not returned. `tasks` caches loaded
+    tasks by directory. A harness failure (a sandbox that would not start) is a RolloutError: such an
+    episode is no sample of the policy.
+    """
+    from env.runner import record_key, run_tasks
 
-def _init_worker(model_config, generation_config, tokenizer, shared_weights: dict, sampling: SamplingConfig,
-                 episode_config: EpisodeConfig, measure_lint: bool) -> None:
-    from transformers import AutoModelForCausalLM
+    tasks = {} if tasks is None else tasks
+    for task_dir in task_dirs:
+        if task_dir not in tasks:
+            tasks[task_dir] = load_task(task_dir)
+    occurrence: Counter = Counter()
+    wanted = []  # (task dir, sample) per entry of task_dirs
+    for task_dir in task_dirs:
+        wanted.append((task_dir, occurrence[task_dir]))
+        occurrence[task_dir] += 1
+    distinct = list(occurrence)
+    samples = max(occurrence.values())
+    episode_config = replace(config.episode, keep_workspace=config.measure_lint or config.episode.keep_workspace)
+    lint: dict[tuple, int] = {}
 
-    torch.set_num_threads(1)  # two 1-thread workers beat one 2-thread process on 2 cores (eval.py)
-    model = AutoModelForCausalLM.from_config(model_config)
-    model.generation_config = generation_config
-    model.eval()
-    _WORKER.update(model=model, policy=RolloutPolicy(model, tokenizer, sampling), shared=shared_weights,
-                   version=-1, config=episode_config, measure_lint=measure_lint)
+    def measure(record: dict, trajectory: Trajectory | None) -> None:
+        if config.measure_lint and trajectory is not None and trajectory.workspace:
+            try:  # on the runner's calling thread: ruff takes ~20 ms, the batch waits that long
+                lint[record_key(record)] = ruff_errors(Path(trajectory.workspace)) - baseline_lint(
+                    tasks[record["task_set"]])
+            finally:
+                if not config.episode.keep_workspace:
+                    remove_workspace(Path(trajectory.workspace))
 
-
-def _run_in_worker(job: EpisodeJob) -> EpisodeResult:
-    if _WORKER["version"] != job.weights_version:
-        with torch.no_grad():
-            _WORKER["model"].load_state_dict(_WORKER["shared"])
-        _WORKER["version"] = job.weights_version
-    return play_episode(_WORKER["policy"], job, _WORKER["config"], _WORKER["measure_lint"])
-
-
-def _ping(_: int) -> bool:
-    return bool(_WORKER)
-
-
-class EpisodeRunner:
-    """Runs a batch of episodes with the current weights of `model`: in a process pool, or in this process."""
-
-    def __init__(self, model, tokenizer, config: RolloutConfig, trainer=None):
-        self.model, self.tokenizer, self.config = model, tokenizer, config
-        self.version = 0
-        self.startup_s = 0.0  # spawning the pool (first rollout only): not episode time
-        self.pool = None
-        self.shared = None
-        if config.backend == "vllm":
-            self.policy = VLLMRolloutPolicy(model, tokenizer, config.sampling, trainer)
-        elif config.workers == 0:
-            self.policy = RolloutPolicy(model, tokenizer, config.sampling)
-        else:
-            if hasattr(model, "peft_config"):
-                raise ValueError("rollout workers copy full weights; a PEFT model needs rollout_workers: 0 "
-                                 "(in-process) or the vllm backend")
-            self.policy = None
-
-    def _start_pool(self) -> None:
-        import torch.multiprocessing as mp
-
-        # A private shared-memory copy of the weights: workers read it, this process writes it each rollout.
-        self.shared = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in self.model.state_dict().items()}
-        context = mp.get_context("spawn")  # fork after torch/OpenMP threads and W&B threads is not safe
-        self.pool = ProcessPoolExecutor(
-            max_workers=self.config.workers, mp_context=context, initializer=_init_worker,
-            initargs=(self.model.config, self.model.generation_config, self.tokenizer, self.shared,
-                      self.config.sampling, self.config.episode, self.config.measure_lint))
-
-    def sync_weights(self) -> None:
-        if self.pool is None:
-            return
-        with torch.no_grad():
-            for key, value in self.model.state_dict().items():
-                self.shared[key].copy_(value.detach())
-        self.version += 1
-
-    def run(self, task_dirs: list[str], first_episode: int) -> list[EpisodeResult]:
-        jobs = [EpisodeJob(d, first_episode + i) for i, d in enumerate(task_dirs)]
-        if self.policy is not None:
-            return [play_episode(self.policy, job, self.config.episode, self.config.measure_lint) for job in jobs]
-        if self.pool is None:
-            t0 = time.perf_counter()
-            self._start_pool()
-            list(self.pool.map(_ping, range(self.config.workers)))  # wait for the workers to come up
-            self.startup_s = time.perf_counter() - t0
-        self.sync_weights()
-        jobs = [replace(job, weights_version=self.version) for job in jobs]
-        return list(self.pool.map(_run_in_worker, jobs))
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-            self.pool = None
+    # The directory stands for the task set in the records: two sets may hold tasks with the same id.
+    refs = [TaskRef(tasks[d], {"task_set": d}) for d in distinct]
+    concurrency = config.workers or len(distinct) * samples
+    try:
+        records = run_tasks(refs, lambda: policy, episode_config, samples=samples, seed=seed,
+                            concurrency=concurrency, progress=False, on_result=measure, token_ids=True,
+                            desc="rollout")
+    finally:
+        policy.forget()
+    by_key = {(r["task_set"], r["sample"]): r for r in records}
+    results = []
+    for task_dir, sample in wanted:
+        record = by_key[(task_dir, sample)]
+        if record["exit_status"] in (ExitStatus.HARNESS_ERROR.value, ExitStatus.INVALID_TASK.value):
+            raise RolloutError(f"task {task_dir}: episode {record['episode_key']} failed in the harness, not the "
+                               f"policy: {record['error']}")
+        trajectory = Trajectory.from_record(record)
+        results.append(EpisodeResult(trajectory, record, lint.get(record_key(record)),
+                                     noncanonical_turns(trajectory, policy.tokenizer)))
+    return results
 
 
 # --------------------------------------------------------------------------- monitors
 
 
-def behaviour_metrics(facts: list[dict]) -> dict[str, float]:
-    """Per-step behaviour rates (recipe section 6: every behaviour monitored, not only the reward)."""
+def behaviour_metrics(records: list[dict], facts: list[dict]) -> dict[str, float]:
+    """Per-step behaviour rates (recipe section 6: every behaviour monitored, not only the reward).
+
+    The rates eval reports are env.metrics.summarize's, on the same records (one definition each: solve,
+    malformed-call, parallel-call, parallel-read, ask_user and tool-call-validity rates, mean turns and
+    tokens, exit statuses); the rest are RL's own, from the episode facts.
+    """
     n = len(facts)
-    calls = sum(e["calls"] for e in facts)
-    calling_turns = sum(e["calling_turns"] for e in facts)
+    summary = summarize(records)
     submits = [e for e in facts if e["submitted"]]
     metrics = {
-        "behaviour/solve_rate": sum(e["solved"] for e in facts) / n,
-        "behaviour/malformed_call_rate": sum(e["malformed_calls"] for e in facts) / calls if calls else 0.0,
+        "behaviour/solve_rate": summary["solve_rate"],
+        "behaviour/malformed_call_rate": summary["malformed_rate"],
         "behaviour/malformed_episode_rate": sum(e["malformed_calls"] > 0 for e in facts) / n,
-        "behaviour/ask_user_rate": sum(e["ask_user_calls"] > 0 for e in facts) / n,
+        "behaviour/tool_call_validity": summary["tool_call_validity"],
+        "behaviour/ask_user_rate": summary["ask_user_rate"],
         "behaviour/ask_user_calls": sum(e["ask_user_calls"] for e in facts) / n,
         "behaviour/edit_rate": sum(e["edits"] > 0 for e in facts) / n,
         "behaviour/edits": sum(e["edits"] for e in facts) / n,
         "behaviour/failed_edits": sum(e["failed_edits"] for e in facts) / n,
         "behaviour/test_files_touched_rate": sum(e["test_files_touched"] > 0 for e in facts) / n,
-        "behaviour/parallel_call_rate": sum(e["parallel_turns"] for e in facts) / calling_turns if calling_turns else 0.0,
+        "behaviour/parallel_call_rate": summary["parallel_call_rate"],
+        "behaviour/parallel_read_rate": summary["parallel_read_rate"],
         "behaviour/submit_without_test_rate": (sum(e["submit_without_test_run"] for e in submits) / len(submits)
                                                if submits else 0.0),
-        "behaviour/mean_turns": sum(e["turns"] for e in facts) / n,
+        "behaviour/mean_turns": summary["mean_turns"],
+        # (facts: an episode that ended before its first turn counts 0 tokens, where summarize gives no mean)
         "behaviour/mean_completion_tokens": sum(e["completion_tokens"] for e in facts) / n,
-        "behaviour/mean_calls": calls / n,
+        "behaviour/mean_calls": summary["tool_calls"] / n,
         "rollout/truncated_rate": sum(e["truncated"] for e in facts) / n,
         "rollout/dropped_rate": sum(e["dropped"] for e in facts) / n,
     }
-    statuses = Counter(e["exit_status"] for e in facts)
+    statuses = summary["exit_statuses"]
     metrics.update({f"exit/{s.value}": statuses.get(s.value, 0) / n for s in ExitStatus})
     return metrics
 
@@ -466,16 +484,23 @@ class AgentRollout:
     def __init__(self, task_index: dict[str, str], tokenizer, config: RolloutConfig, output_dir: str | Path | None):
         self.index, self.tokenizer, self.config = task_index, tokenizer, config
         self.output_dir = Path(output_dir) if output_dir else None
-        self.runner: EpisodeRunner | None = None
+        self.policy: RolloutPolicy | None = None
+        self.tasks: dict[str, Task] = {}  # loaded once per run
         self.calls = 0
         self.timing = {"previous_start": None, "previous_env_wall": 0.0}
         self.last_metrics: dict[str, float] = {}
 
+    def play(self, model, task_dirs: list[str], seed: int, trainer=None) -> tuple[list[EpisodeResult], float]:
+        """(one episode per task dir, the seconds spent generating) with the live `model`."""
+        if self.policy is None:
+            self.policy = make_rollout_policy(model, self.tokenizer, self.config, trainer)
+        gen_before = self.policy.stats["gen_s"]
+        results = play_episodes(self.policy, task_dirs, self.config, seed, self.tasks)
+        return results, self.policy.stats["gen_s"] - gen_before
+
     def __call__(self, prompts: list[list[dict]], trainer) -> dict:
         started = time.perf_counter()
         model = trainer.accelerator.unwrap_model(trainer.model)
-        if self.runner is None:
-            self.runner = EpisodeRunner(model, self.tokenizer, self.config, trainer)
         task_dirs = []
         for prompt in prompts:
             key = prompt_key(prompt)
@@ -483,11 +508,10 @@ class AgentRollout:
                 raise RolloutError(f"rollout_func got a prompt that is not in the task index: {key[:200]}...")
             task_dirs.append(self.index[key])
         step = trainer.state.global_step
-        results = self.runner.run(task_dirs, first_episode=step * 100_000 + self.calls * 1_000)
-        startup, self.runner.startup_s = self.runner.startup_s, 0.0
-        rollout_wall = time.perf_counter() - started - startup
+        results, gen_s = self.play(model, task_dirs, seed=step * 100_000 + self.calls * 1_000, trainer=trainer)
+        rollout_wall = time.perf_counter() - started
         out = self.build(prompts, results)
-        self.log(trainer, results, out["episode"], started + startup, rollout_wall)
+        self.log(trainer, results, out["episode"], started, rollout_wall, gen_s)
         self.calls += 1
         return out
 
@@ -501,7 +525,7 @@ class AgentRollout:
             if prompt_key(traj.messages[:len(prompt)]) != prompt_key(prompt):
                 raise RolloutError(f"task {traj.task_id}: the episode's first messages differ from the dataset prompt "
                                    "(the task changed since the dataset was built?)")
-            facts = episode_facts(traj, max_turns=episode_cfg.max_turns, token_budget=budget,
+            facts = episode_facts(result.record, max_turns=episode_cfg.max_turns, token_budget=budget,
                                   max_wall_s=episode_cfg.max_wall_s, lint_new_errors=result.lint_new_errors)
             facts["dropped"] = self.config.malformed_handling == "drop" and facts["malformed_calls"] > 0
             facts["noncanonical_turns"] = result.noncanonical_turns
@@ -512,18 +536,19 @@ class AgentRollout:
             out["episode"].append(facts)
         return out
 
-    def log(self, trainer, results: list[EpisodeResult], facts: list[dict], started: float, rollout_wall: float) -> None:
-        gen_s = sum(r.trajectory.gen_s for r in results)
-        env_s = sum(r.env_s for r in results)
-        # Episodes overlap in the pool: split the rollout's wall time by the two parts' shares of episode time.
-        env_wall = rollout_wall * env_s / (gen_s + env_s) if gen_s + env_s else 0.0
-        metrics = behaviour_metrics(facts)
+    def log(self, trainer, results: list[EpisodeResult], facts: list[dict], started: float, rollout_wall: float,
+            gen_s: float) -> None:
+        # Generation runs on this thread, one act_batch at a time, so its time is wall time; the rest of the
+        # rollout is the environment: tools and grading (in the runner's threads, overlapping each other),
+        # sandbox and workspace setup, lint, and the runner itself.
+        env_wall = max(0.0, rollout_wall - gen_s)
+        metrics = behaviour_metrics([r.record for r in results], facts)
         turns = sum(len(r.trajectory.turns) for r in results)
         metrics.update({
             "rollout/noncanonical_turn_rate": sum(r.noncanonical_turns for r in results) / turns if turns else 0.0,
-            "rollout/policy_lag_steps": 0.0,  # weights are synced before every rollout (see module docstring)
+            "rollout/policy_lag_steps": 0.0,  # episodes generate with the trainer's live weights (module docstring)
             "timing/rollout_s": rollout_wall,
-            "timing/generation_s": rollout_wall - env_wall,
+            "timing/generation_s": gen_s,
             "timing/env_s": env_wall,
         })
         previous = self.timing["previous_start"]
@@ -560,5 +585,7 @@ class AgentRollout:
             wandb.log({"trajectories": table}, commit=False)
 
     def close(self) -> None:
-        if self.runner is not None:
-            self.runner.close()
+        """Nothing runs between rollouts (no worker processes; each rollout's sandboxes are closed by the
+        runner): drop the per-episode token state."""
+        if self.policy is not None:
+            self.policy.forget()

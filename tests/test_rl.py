@@ -2,12 +2,13 @@
 
 The identity test replays the gold trajectory of a task through the RL policy and through eval's ModelPolicy:
 both show the model the same tokens every turn, and the RL sample is the tokenization of the final
-conversation. The last test runs real GRPOTrainer steps through train_rl.main with worker processes.
+conversation. The last test runs real GRPOTrainer steps through train_rl.main (episodes batched in-process).
 """
 
 import json
 import math
 import sysconfig
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,13 @@ from nanocomposer.policy import MESSAGE_KEYS, ModelPolicy, SamplingConfig
 from nanocomposer.rollout import (
     AgentRollout,
     EpisodeResult,
-    EpisodeRunner,
     RolloutConfig,
     RolloutError,
     RolloutPolicy,
     advantage_shares,
     episode_sample,
+    make_rollout_policy,
+    play_episodes,
     prompt_key,
     resolve_training_tasks,
     task_prompt_dataset,
@@ -169,9 +171,9 @@ def sampled_rollout(micro, tasks, **config):
     _, index = task_prompt_dataset(root)
     rollout = AgentRollout(index, tokenizer, RolloutConfig(
         episode=EpisodeConfig(max_turns=2), sampling=SamplingConfig(max_new_tokens=12, temperature=1.0),
-        workers=0, log_trajectories_steps=0, **config), None)
-    runner = EpisodeRunner(model, tokenizer, rollout.config)
-    results = runner.run([str(calc.root)] * 2, first_episode=0)
+        log_trajectories_steps=0, **config), None)
+    results, gen_s = rollout.play(model, [str(calc.root)] * 2, seed=0)
+    assert gen_s > 0
     prompts = [results[0].trajectory.messages[:2]] * 2
     return rollout.build(prompts, results), results
 
@@ -201,8 +203,8 @@ def test_malformed_drop_switch_masks_the_episode(micro, replayed):
     bad = Trajectory(**{**rl.__dict__, "turns": [dict(t) for t in rl.turns]})
     bad.turns[0]["calls"] = [{"name": None, "arguments": None, "malformed": True, "error": "bad", "raw": "x"}]
     prompts = [rl.messages[:2]] * 2
-    results = [EpisodeResult(rl, None, 0, 0.0), EpisodeResult(bad, None, 0, 0.0)]
-    config = RolloutConfig(workers=0, malformed_handling="drop")
+    results = [EpisodeResult(t, t.to_record(token_ids=True), None, 0) for t in (rl, bad)]
+    config = RolloutConfig(malformed_handling="drop")
     out = AgentRollout({}, tokenizer, config, None).build(prompts, results)
     assert [e["dropped"] for e in out["episode"]] == [False, True]
     assert any(out["env_mask"][0]) and not any(out["env_mask"][1])
@@ -249,23 +251,32 @@ def test_advantage_shares_name_the_component_that_separates_completions():
 # --------------------------------------------------------------------------- workers, GRPO steps
 
 
-def test_worker_pool_generates_with_the_trainers_current_weights(micro, tasks):
+def test_batched_rollout_equals_one_episode_at_a_time_and_uses_the_live_weights(micro, tasks):
     _, model, tokenizer = micro
-    calc = tasks[1]
-    config = RolloutConfig(episode=EpisodeConfig(max_turns=1), sampling=SamplingConfig(max_new_tokens=8,
+    root, calc = tasks
+    other = str(root / "calc-add-2")
+    task_dirs = [str(calc.root), str(calc.root), other, other]
+    config = RolloutConfig(episode=EpisodeConfig(max_turns=2), sampling=SamplingConfig(max_new_tokens=8,
                                                                                        temperature=1.0))
     live = {k: v.clone() for k, v in model.state_dict().items()}
-    pool = EpisodeRunner(model, tokenizer, config)
-    local = EpisodeRunner(model, tokenizer, RolloutConfig(**{**config.__dict__, "workers": 0}))
+    policy = make_rollout_policy(model, tokenizer, config)
     try:
+        rounds = []
         for _ in range(2):  # the second round runs after the weights changed
-            remote = [r.trajectory.turns[0]["completion_ids"] for r in pool.run([str(calc.root)] * 2, 0)]
-            here = [r.trajectory.turns[0]["completion_ids"] for r in local.run([str(calc.root)] * 2, 0)]
-            assert remote == here
+            batched = play_episodes(policy, task_dirs, config, seed=5)  # all four episodes at once
+            alone = play_episodes(policy, task_dirs, replace(config, workers=1), seed=5)
+            ids = [[t["completion_ids"] for t in r.trajectory.turns] for r in batched]
+            assert ids == [[t["completion_ids"] for t in r.trajectory.turns] for r in alone]
+            assert [r.trajectory.task_id for r in batched] == ["calc-add", "calc-add", "calc-add-2", "calc-add-2"]
+            assert ids[0] != ids[1]  # the group's episodes differ
+            for r in batched:  # each episode is one token sequence (the turns extend each other)
+                episode_sample(r.trajectory, tokenizer.eos_token_id)
+            assert not policy._sequences  # no per-episode state outlives a rollout
+            rounds.append(ids)
             with torch.no_grad():
                 model.lm_head.weight.mul_(3.0)  # sharper distribution: different samples
+        assert rounds[0] != rounds[1]  # the rollout generated with the changed weights: no stale copy
     finally:
-        pool.close()
         model.load_state_dict(live)
 
 
