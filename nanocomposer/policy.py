@@ -40,11 +40,12 @@ Choices, and why:
 - `backend="vllm"` (GPU): the checkpoint directory is loaded by `vllm.LLM` (vLLM's own copy of the weights,
   never torch's; the HF tokenizer still renders and decodes), and each `act_batch` is one token-in/token-out
   `LLM.generate` call holding every request, each with its own seed, with
-  `logprobs_mode="processed_logprobs"`, so the Generation contract above holds unchanged. vLLM needs a merged model: a PEFT adapter directory is refused with the
-  merge to run. Engine memory: `NANOCOMPOSER_VLLM_GPU_MEMORY` (fraction, default 0.85). The per-turn seed
-  makes samples repeatable up to GPU numerics (vLLM does not promise bitwise-equal logits across batch
-  shapes or prefix-cache hits), and they are not the transformers backend's samples. This path is tested
-  against a fake `vllm` module on CPU (tests/test_vllm_backend.py); we have not yet run it on a GPU.
+  `logprobs_mode="processed_logprobs"`, so the Generation contract above holds unchanged. vLLM needs a
+  merged model: a PEFT adapter directory is refused with the merge to run. Engine memory:
+  `NANOCOMPOSER_VLLM_GPU_MEMORY` (fraction, default 0.85). The per-turn seed makes samples repeatable up to
+  GPU numerics (vLLM does not promise bitwise-equal logits across batch shapes or prefix-cache hits), and
+  they are not the transformers backend's samples. This path is tested against a fake `vllm` module on CPU
+  (tests/test_vllm_backend.py); it has not yet run on a GPU (runs/gpu_check.sh is the prepared check).
 """
 
 from __future__ import annotations

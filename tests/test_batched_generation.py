@@ -5,11 +5,15 @@ log-probs whether it runs alone or in a left-padded batch with prompts of very d
 its batch-mates stop early or not. The reference for "alone" is transformers' own `model.generate`.
 """
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import save_micro_checkpoint
+from conftest import ROOT, save_micro_checkpoint
 from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
 from env.episode import Episode, EpisodeConfig, TurnRequest, initial_messages, load_prompts
@@ -81,10 +85,12 @@ def _forward_logprobs(model, prompt, completion, warpers=()) -> torch.Tensor:
 # --------------------------------------------------------------------------- batched == alone
 
 
-def test_batched_greedy_gives_the_tokens_of_each_prompt_alone(policy, prompts):
-    generator = _generator(policy, borrowed=True)
+@pytest.mark.parametrize("padded", [False, True], ids=["row-prefill", "padded-prefill"])
+def test_batched_greedy_gives_the_tokens_of_each_prompt_alone(policy, prompts, padded):
+    generator = _generator(policy, borrowed=True, padded_prefill=padded)
     sampling = SamplingConfig(max_new_tokens=12)
-    never_stop = TransformersGenerator(policy.model, [policy.model.config.vocab_size + 1])  # an id never sampled
+    never_stop = TransformersGenerator(policy.model, [policy.model.config.vocab_size + 1],  # an id never sampled
+                                       padded_prefill=padded)
     batches = _count_batches(never_stop)
     batched = never_stop.generate(prompts, [0] * len(prompts), sampling)
     assert batches == [sorted(LENGTHS, reverse=True)]
@@ -92,19 +98,23 @@ def test_batched_greedy_gives_the_tokens_of_each_prompt_alone(policy, prompts):
         assert result.ids == _hf_greedy(policy.model, prompt, 12)
         (alone,) = never_stop.generate([prompt], [0], sampling)
         assert alone.ids == result.ids and alone.logprobs == pytest.approx(result.logprobs, abs=1e-5)
+        if not padded:  # the prefill is the very forward the prompt gets alone: its logits are bitwise equal
+            assert alone.logprobs[0] == result.logprobs[0]
         assert torch.allclose(torch.tensor(result.logprobs), _forward_logprobs(policy.model, prompt, result.ids),
                               atol=1e-4)
     assert generator.generate(prompts, [0] * 4, sampling) == generator.generate(prompts[::-1], [0] * 4, sampling)[::-1]
 
 
-def test_rows_that_stop_leave_the_batch_without_changing_the_others(policy, prompts):
+@pytest.mark.parametrize("padded", [False, True], ids=["row-prefill", "padded-prefill"])
+def test_rows_that_stop_leave_the_batch_without_changing_the_others(policy, prompts, padded):
     sampling = SamplingConfig(max_new_tokens=12)
     free = [_hf_greedy(policy.model, p, 12) for p in prompts]
     # a token one row writes (first at step k > 0) and no other row ever writes: a stop id for that row only
     row, k = max(((r, k) for r, ids in enumerate(free) for k in range(1, len(ids))
                   if ids[k] not in ids[:k] and all(ids[k] not in other for o, other in enumerate(free) if o != r)),
                  key=lambda rk: rk[1])
-    generator = TransformersGenerator(policy.model, [policy.tokenizer.eos_token_id, free[row][k]])
+    generator = TransformersGenerator(policy.model, [policy.tokenizer.eos_token_id, free[row][k]],
+                                      padded_prefill=padded)
     batches = _count_batches(generator)
     results = generator.generate(prompts, [0] * len(prompts), sampling)
     assert len(batches) == 1  # one batch, not retried row by row
@@ -114,10 +124,10 @@ def test_rows_that_stop_leave_the_batch_without_changing_the_others(policy, prom
     assert len(results[row].ids) == k + 1 < 12  # it stopped while the others went on to max_new_tokens
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
-def test_each_row_samples_from_its_own_seed(policy, prompts, temperature, top_p):
+@pytest.mark.parametrize("temperature, top_p, padded", [(1.0, 1.0, False), (0.7, 0.9, False), (0.7, 0.9, True)])
+def test_each_row_samples_from_its_own_seed(policy, prompts, temperature, top_p, padded):
     sampling = SamplingConfig(max_new_tokens=12, temperature=temperature, top_p=top_p)
-    generator = _generator(policy)
+    generator = _generator(policy, padded_prefill=padded)
     seeds = [11, 22, 33, 44]
     rng_before = torch.random.get_rng_state()
     batched = generator.generate(prompts, seeds, sampling)
@@ -132,21 +142,39 @@ def test_each_row_samples_from_its_own_seed(policy, prompts, temperature, top_p)
     assert other_seed.ids != batched[2].ids
 
 
-def test_each_row_sees_the_positions_it_would_see_alone(policy, prompts):
+@pytest.mark.parametrize("padded", [False, True], ids=["row-prefill", "padded-prefill"])
+def test_each_row_sees_the_positions_it_would_see_alone(policy, prompts, padded):
     """With RoPE a constant shift of every position barely changes the logits, so the positions are checked
     where the model receives them: the real tokens of a row are numbered 0.. as if it ran alone."""
     seen = []
-    hook = policy.model.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append((kwargs["position_ids"].clone(), kwargs["attention_mask"].clone())),
-        with_kwargs=True)
+
+    def record(module, args, kwargs):
+        position_ids, mask = kwargs.get("position_ids"), kwargs.get("attention_mask")
+        seen.append((kwargs["input_ids"].shape, None if position_ids is None else position_ids.clone(),
+                     None if mask is None else mask.clone()))
+
+    hook = policy.model.register_forward_pre_hook(record, with_kwargs=True)
     try:
-        _generator(policy).generate(prompts, [0] * 4, SamplingConfig(max_new_tokens=3))
+        generator = _generator(policy, padded_prefill=padded)
+        batches = _count_batches(generator)
+        generator.generate(prompts, [0] * 4, SamplingConfig(max_new_tokens=3))
     finally:
         hook.remove()
-    (prefill_positions, mask), *steps = seen
-    for row, n in enumerate(sorted(LENGTHS, reverse=True)):
-        assert prefill_positions[row, -n:].tolist() == list(range(n)) and mask[row].sum() == n
-        assert [positions[row, 0].item() for positions, _ in steps] == [n, n + 1]
+    assert len(batches) == 1
+    lengths = sorted(LENGTHS, reverse=True)
+    if padded:
+        (_, positions, mask), *steps = seen
+        for row, n in enumerate(lengths):
+            assert positions[row, -n:].tolist() == list(range(n)) and mask[row].sum() == n
+    else:  # each prompt alone, unpadded, unmasked: transformers numbers its tokens 0..n-1
+        prefills, steps = seen[:4], seen[4:]
+        assert [(shape, positions, mask) for shape, positions, mask in prefills] == \
+            [((1, n), None, None) for n in lengths]
+    assert len(steps) == 2
+    for k, (_, _, mask) in enumerate(steps):  # the prompt and the tokens generated so far, padding excluded
+        assert [int(m.sum()) for m in mask] == [n + k + 1 for n in lengths]
+    assert [[positions[row, 0].item() for _, positions, _ in steps] for row in range(4)] == \
+        [[n, n + 1] for n in lengths]
 
 
 def test_small_token_budget_splits_into_batches_with_the_same_results(policy, prompts):
@@ -272,3 +300,36 @@ def test_episodes_driven_through_act_batch(policy, calc_task):
             e.close()
     assert all(t.turns and not t.error for t in trajectories), [t.error for t in trajectories]
     assert all(len(turn["completion_ids"]) == len(turn["logprobs"]) for t in trajectories for turn in t.turns)
+
+
+# --------------------------------------------------------------------------- runs/gpu_check.sh
+
+
+def _gpu_check(tmp_path, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PY": sys.executable}
+    return subprocess.run(["bash", str(ROOT / "runs" / "gpu_check.sh"), *args], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+
+
+def test_gpu_check_dry_run_runs_the_transformers_half_on_cpu(tmp_path):
+    checkpoint = save_micro_checkpoint(tmp_path / "micro")
+    done = _gpu_check(tmp_path, "--dry-run", str(checkpoint))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "generation_transformers.json").read_text())
+    assert report["backend"] == "transformers" and report["prompts"] == 2
+    assert [row["batch"] for row in report["rows"]] == [1, 2]
+    assert all(row["identical_to_alone"] == row["turns"] == 2 and row["tokens_per_s"] > 0 for row in report["rows"])
+    assert "| batch | turns |" in (tmp_path / "out" / "gpu_check.log").read_text()
+
+
+def test_gpu_check_fails_clearly_without_cuda_or_with_bad_arguments(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    checkpoint = save_micro_checkpoint(tmp_path / "micro")
+    done = _gpu_check(tmp_path, str(checkpoint))
+    assert done.returncode == 3 and "no CUDA device here" in done.stdout + done.stderr
+    assert not (tmp_path / "out" / "generation_vllm.json").exists()
+    bad = _gpu_check(tmp_path, "--fast")
+    assert bad.returncode == 2 and "unknown option --fast" in bad.stderr
+    missing = _gpu_check(tmp_path, str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no config.json" in missing.stderr

@@ -447,7 +447,8 @@ def test_generator_isolates_a_prompt_the_engine_rejects(fake_vllm):
     llm = fake_vllm.module.LLM("m", max_model_len=50)
     fake_vllm.respond = _seed_response
     generator = VLLMGenerator(lambda: llm, stop_ids=[2])
-    good, bad, other = generator.generate([[5] * 10, [6] * 60, [7] * 20], [11, 12, 13], SamplingConfig(max_new_tokens=4))
+    good, bad, other = generator.generate([[5] * 10, [6] * 60, [7] * 20], [11, 12, 13],
+                                          SamplingConfig(max_new_tokens=4))
     assert isinstance(bad, ValueError) and "longer than the maximum model length of 50" in str(bad)
     assert isinstance(good, Completion) and good.ids == [5 % 400 + 7, 11 % 97 + 7, 11 % 89 + 7]
     assert isinstance(other, Completion) and other.ids[0] == 7 % 400 + 7
