@@ -36,8 +36,9 @@ Choices, and why:
 - Presets (`build --preset NAME`; size flags given beside it override single values): `tiny` is the
   default above; `gpu_scratch` (vocab 8192, hidden 768, 12 layers, 12 heads of 64, SwiGLU 2048, tied
   embeddings, context 4096) has 91,245,312 parameters at the full vocabulary (6.3 M of them the shared
-  embedding/LM head), GPT-2-small's shape with Llama's blocks: the no-hub GPU pipeline
-  (`runs/gpu_scratch.sh`) trains it from scratch in minutes on one H200 (bf16 mixed precision).
+  embedding/LM head), GPT-2-small's shape with Llama's blocks, for the no-hub GPU pipeline
+  (`runs/gpu_scratch.sh`, bf16 mixed precision), sized so that each stage takes minutes on one H200 by
+  estimate (6 N FLOPs per token: ~20 M CPT tokens is ~1e16 FLOPs); it has not yet run on a GPU.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 # (`nanocomposer.model --preset gpu_scratch`), every stage on one GPU, nothing downloaded.
 # Every stage reads the previous stage's output, as in runs/tiny.sh; the task sets and held-out sets are
 # the CPU preset's (the task factory with runs/data.sh's SIZE=small flags); only the code mix is larger.
-#   RUN=s1 bash runs/gpu_scratch.sh                   # defaults: a few minutes of training on an H200
+#   RUN=s1 bash runs/gpu_scratch.sh                   # defaults: sized for minutes per stage on an H200
+#                                                     # (an estimate: this preset has not yet run on a GPU)
 #   CPT_STEPS=100 SFT_STEPS=40 RL_STEPS=2 EVAL_LIMIT=4 bash runs/gpu_scratch.sh   # a smoke run
 # Knobs (environment):
 #   RUN, RUNS            pipeline run name; outputs in $RUNS/$RUN/            gpu-scratch-<date-time>, runs
@@ -63,7 +64,7 @@ if wanted data; then
     --workers "$WORKERS" --overwrite ${SFT_DATA_FLAGS:-}
 
   stage "base: tokenizer trained on the code mix + a from-scratch Llama ($BASE_FLAGS) -> $BASE"
-  $PY -m nanocomposer.model build --out "$BASE" --corpus "$CORPUS" $BASE_FLAGS \
+  TOKENIZERS_PARALLELISM=true $PY -m nanocomposer.model build --out "$BASE" --corpus "$CORPUS" $BASE_FLAGS \
     | { grep -E '^\| (parameters|hidden|vocab)' || true; }
 fi
 
