@@ -652,10 +652,6 @@ _MAX_WALK_DEPTH = 200  # directory levels _walk_tree follows (it holds two fds p
 _PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
 
 
-class _TooDeep(Exception):
-    pass
-
-
 def _is_capped_mount(path: Path, disk_mb: int) -> bool:
     """True when `path` is a mount point whose whole filesystem is at most `disk_mb` (a capped tmpfs)."""
     if not os.path.ismount(path):
@@ -664,14 +660,14 @@ def _is_capped_mount(path: Path, disk_mb: int) -> bool:
     return fs.f_blocks * fs.f_frsize <= disk_mb * 1024 * 1024
 
 
-def _walk_tree(root: Path, chown_to: tuple[int, int] | None, strip: bool) -> int:
-    """Bytes allocated under `root`; on the way, chown entries to `chown_to` and/or clear setuid/setgid
-    bits of regular files. Safe against the agent swapping entries for symlinks meanwhile (a run of the
-    same Sandbox may be going on): every step is relative to an open directory fd, and nothing is
-    followed (O_NOFOLLOW, AT_SYMLINK_NOFOLLOW, chmod through an O_PATH fd). Raises _TooDeep past
-    _MAX_WALK_DEPTH levels."""
+def _walk_tree(root: Path, chown_to: tuple[int, int] | None, strip: bool) -> tuple[int, bool]:
+    """(bytes allocated under `root`, whether the walk saw everything); on the way, chown entries to
+    `chown_to` and/or clear setuid/setgid bits of regular files. Safe against the agent swapping entries
+    for symlinks meanwhile (a run of the same Sandbox may be going on): every step is relative to an
+    open directory fd, and nothing is followed (O_NOFOLLOW, AT_SYMLINK_NOFOLLOW, chmod through an
+    O_PATH fd). Does not descend past _MAX_WALK_DEPTH levels (then it saw not everything)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    total = 0
+    total, complete = 0, True
     top = os.open(root, flags)
     try:
         st = os.fstat(top)
@@ -697,7 +693,8 @@ def _walk_tree(root: Path, chown_to: tuple[int, int] | None, strip: bool) -> int
                     os.chown(entry.name, *chown_to, dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
                     if len(stack) >= _MAX_WALK_DEPTH:
-                        raise _TooDeep(f"nested deeper than {_MAX_WALK_DEPTH} directories")
+                        complete = False
+                        continue
                     child = os.open(entry.name, flags, dir_fd=dir_fd)
                     stack.append((child, os.scandir(child)))
                 elif strip and stat.S_ISREG(st.st_mode) and st.st_mode & _PRIVILEGE_BITS:
@@ -711,7 +708,7 @@ def _walk_tree(root: Path, chown_to: tuple[int, int] | None, strip: bool) -> int
         for dir_fd, entries in stack:
             entries.close()
             os.close(dir_fd)
-    return total
+    return total, complete
 
 
 def _clear_privilege_bits(dir_fd: int, name: str) -> None:
@@ -818,23 +815,18 @@ class Sandbox:
                     self._check_in_cgroup(cgroup)
             return self._after_run(result)
 
-    def _walk_workspace(self, chown: bool) -> int | None:
+    def _walk_workspace(self, chown: bool) -> tuple[int, bool] | None:
         """Before a run: hand harness-made entries to the sandbox uid (chown=True; only when it is
-        another uid). After: clear setuid/setgid bits and return the bytes used (None when not needed)."""
+        another uid). After: clear setuid/setgid bits; (bytes used, measured completely)."""
         if chown and self._owner is None:
             return None
-        try:
-            return _walk_tree(self.workspace, chown_to=self._owner if chown else None, strip=not chown)
-        except _TooDeep as exc:
-            if chown:
-                raise RuntimeError(f"sandbox workspace {self.workspace}: {exc}") from None
-            return -1
+        return _walk_tree(self.workspace, chown_to=self._owner if chown else None, strip=not chown)
 
     def _after_run(self, result: ExecResult) -> ExecResult:
-        used = self._walk_workspace(chown=False)
-        if self._disk_capped or used is None or 0 <= used <= self.limits.disk_mb * 1024 * 1024:
+        used, complete = self._walk_workspace(chown=False)
+        if self._disk_capped or (complete and used <= self.limits.disk_mb * 1024 * 1024):
             return result
-        why = ("is nested too deep to measure" if used < 0 else
+        why = (f"is nested deeper than {_MAX_WALK_DEPTH} directories, too deep to measure" if not complete else
                f"holds {used / 2**20:.0f} MB, over its {self.limits.disk_mb} MB limit")
         note = f"\n[sandbox: the workspace {why}: this call fails; delete files to continue]"
         return dataclasses.replace(result, output=result.output + note, disk_exceeded=True)

@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import tempfile
 from pathlib import Path, PurePosixPath
 
@@ -151,22 +152,31 @@ def _our_mounts() -> set[str]:
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy the contents of `src` into the existing directory `dst` (see make_workspace)."""
-    for entry in _scandir(src):
-        source, target = os.path.join(src, entry.name), os.path.join(dst, entry.name)
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISLNK(st.st_mode):
-            os.symlink(os.readlink(source), target)
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            os.mkdir(target, 0o700)
-            _copy_tree(source, target)
-        elif stat.S_ISREG(st.st_mode):
-            _copy_file(source, target, st)
-        else:
-            continue  # FIFO, socket, device node: never part of a task's code
-        os.chmod(target, stat.S_IMODE(st.st_mode) & _NO_PRIVILEGE_BITS)
-        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    """Copy the contents of `src` into the existing directory `dst` (see make_workspace). Iterative:
+    an agent's workspace may nest deeper than Python's recursion limit."""
+    pending = [(str(src), str(dst))]
+    finish: list[tuple[str, os.stat_result]] = []  # directories: modes and mtimes last (0555 ones too)
+    while pending:
+        source_dir, target_dir = pending.pop()
+        for entry in _scandir(source_dir):
+            source, target = os.path.join(source_dir, entry.name), os.path.join(target_dir, entry.name)
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(source), target)
+            elif stat.S_ISDIR(st.st_mode):
+                os.mkdir(target, 0o700)
+                pending.append((source, target))
+                finish.append((target, st))
+            elif stat.S_ISREG(st.st_mode):  # FIFOs, sockets, device nodes: never part of a task's code
+                _copy_file(source, target, st)
+                _copy_mode_and_times(target, st)
+    for target, st in reversed(finish):  # children before parents: a parent's mtime is set last
+        _copy_mode_and_times(target, st)
+
+
+def _copy_mode_and_times(target: str, st: os.stat_result) -> None:
+    os.chmod(target, stat.S_IMODE(st.st_mode) & _NO_PRIVILEGE_BITS)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def _scandir(path: str | Path) -> list[os.DirEntry]:
@@ -257,7 +267,15 @@ def remove_workspace(path: Path) -> None:
             raise OSError(err, f"unmounting workspace {path}: {os.strerror(err)}")
         path.rmdir()
         return
-    shutil.rmtree(path, onerror=make_writable_and_retry)
+    try:
+        shutil.rmtree(path, onerror=make_writable_and_retry)
+    except RecursionError:  # nested deeper than Python's recursion limit: rm walks it without recursion
+        for step in (["rm", "-rf", "--one-file-system"], ["chmod", "-R", "u+rwx"], ["rm", "-rf", "--one-file-system"]):
+            subprocess.run([*step, "--", str(path)], check=False, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if not path.exists() and not path.is_symlink():
+                return
+        raise OSError(f"could not remove workspace {path}") from None
 
 
 def _pid_alive(pid: int) -> bool:

@@ -13,13 +13,16 @@ from pathlib import Path
 
 import pytest
 
+import env.sandbox as sandbox_module
 from env.sandbox import (
+    _MAX_WALK_DEPTH,
     BACKENDS,
     ExecResult,
     Limits,
     Sandbox,
     _pids_cgroup_parent,
     backend_unavailable_reason,
+    bwrap_host_uid,
 )
 from env.workspace import PathError, resolve_in
 
@@ -294,3 +297,42 @@ def test_bad_arguments_are_rejected(ws: Path):
     with pytest.raises(ValueError, match="env entries"):
         Sandbox(ws, backend="rlimits", env={"A=B": "x"})
     assert ExecResult("", 0, False, False, 0.0).ok and not ExecResult("", None, True, False, 1.0).ok
+
+
+def test_workspace_without_a_quota_is_measured_after_each_run(ws: Path):
+    # A plain directory (not make_workspace's tmpfs): no kernel cap, so the run that outgrows
+    # disk_mb fails and says so; the next run (which cleans up) is ok again.
+    with Sandbox(ws, backend=_backend("bwrap"), limits=Limits(disk_mb=2)) as sb:
+        r = sb.run("head -c 3000000 /dev/zero > big.bin; echo wrote")
+        assert r.disk_exceeded and not r.ok and r.returncode == 0 and "over its 2 MB limit" in r.output, r
+        assert (ws / "big.bin").exists()  # after the fact: the bytes were written
+        r = sb.run(f"rm big.bin; for i in $(seq {_MAX_WALK_DEPTH + 5}); do mkdir d && cd d; done")
+        assert r.disk_exceeded and "too deep to measure" in r.output, r.output[-300:]
+        r = sb.run("rm -rf d")
+        assert r.ok and not r.disk_exceeded, r
+
+
+def test_setuid_bits_are_cleared_after_every_run(ws: Path):
+    with Sandbox(ws, backend=_backend("bwrap")) as sb:
+        assert sb.run("cp /bin/true t && chmod 6755 t && mkdir -p a/b && cp t a/b/t2 && chmod 4755 a/b/t2").ok
+    for made in (ws / "t", ws / "a" / "b" / "t2"):
+        assert not made.stat().st_mode & 0o6000, oct(made.stat().st_mode)
+        assert made.stat().st_uid == bwrap_host_uid()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the setpriv fallback exists only for a root harness")
+def test_root_without_setpriv_falls_back_to_host_root_loudly(ws: Path, monkeypatch: pytest.MonkeyPatch):
+    _backend("bwrap")
+    monkeypatch.setattr(sandbox_module, "_setpriv", lambda: None)
+    sandbox_module._bwrap_identity.cache_clear()
+    try:
+        assert "HOST ROOT" in sandbox_module._bwrap_identity()[3]
+        assert bwrap_host_uid() == 0
+        with Sandbox(ws, backend="bwrap") as sb:
+            r = sb.run("echo x > made.txt; id -u")
+        assert r.ok and r.output.strip() == "65534", r  # inside, as before; on the host:
+        assert (ws / "made.txt").stat().st_uid == 0
+    finally:
+        monkeypatch.undo()
+        sandbox_module._bwrap_identity.cache_clear()
+    assert bwrap_host_uid() == 65534

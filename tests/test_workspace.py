@@ -1,10 +1,21 @@
 import os
+import stat
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import pytest
 
-from env.workspace import PathError, make_workspace, overlay, remove_workspace, resolve_in
+from env.workspace import (
+    PathError,
+    make_workspace,
+    overlay,
+    remove_workspace,
+    resolve_in,
+    sweep_stale_workspaces,
+    workspaces_root,
+)
 
 
 @pytest.fixture
@@ -122,3 +133,52 @@ def test_remove_workspace_handles_read_only_entries(tmp_path: Path):
     remove_workspace(ws)
     assert not ws.exists() and tmp_path.exists()
     remove_workspace(ws)  # idempotent
+
+
+def test_make_workspace_drops_privilege_bits_and_special_files_and_copies_deep_trees(tmp_path: Path):
+    src = tmp_path / "agent_ws"
+    src.mkdir()
+    (src / "rootsh").write_text("#!/bin/sh\n")
+    (src / "rootsh").chmod(0o6755)
+    os.mkfifo(src / "fifo")  # would hang or crash a naive copy
+    (src / "ro").mkdir()
+    (src / "ro" / "f").write_text("x")
+    (src / "ro").chmod(0o555)
+    deep = src
+    for _ in range(300):
+        deep = deep / "d"
+        deep.mkdir()
+    (deep / "leaf.txt").write_text("leaf\n")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(traceback.extract_stack()) + 60)  # 60 levels of room: a recursive copy fails
+    try:
+        ws = make_workspace(src, parent=tmp_path)
+    finally:
+        sys.setrecursionlimit(limit)
+    try:
+        assert stat.S_IMODE((ws / "rootsh").stat().st_mode) == 0o755  # setuid and setgid gone, rest kept
+        assert not (ws / "fifo").exists()
+        assert stat.S_IMODE((ws / "ro").stat().st_mode) == 0o555 and (ws / "ro" / "f").read_text() == "x"
+        copied = ws.joinpath(*["d"] * 300, "leaf.txt")
+        assert copied.read_text() == "leaf\n"
+        assert stat.S_IMODE(ws.stat().st_mode) == 0o700
+    finally:
+        remove_workspace(ws)
+    assert not ws.exists()
+
+
+def test_workspaces_live_in_a_private_parent_and_stale_ones_are_swept(repo: Path):
+    ws = make_workspace(repo)
+    assert ws.parent == workspaces_root() and ws.name.startswith(f"ws-{os.getpid()}-")
+    parent_st = ws.parent.stat()
+    assert stat.S_IMODE(parent_st.st_mode) == 0o700 and parent_st.st_uid == os.geteuid()
+    dead_pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process can have it
+    stale = ws.parent / f"ws-{dead_pid}-abcd1234"
+    stale.mkdir()
+    (stale / "left.txt").write_text("x")
+    try:
+        assert stale in sweep_stale_workspaces() and not stale.exists()
+        assert ws.exists()  # ours: the owner (this process) is alive
+    finally:
+        remove_workspace(ws)
+        remove_workspace(stale)
