@@ -347,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         args.path.parent.mkdir(parents=True, exist_ok=True)
         args.path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     elif not args.path.is_file():
-        parser.error(f"{args.path}: no such file (write it with runs/device_check.sh)")
+        print(f"python -m bench.device: error: {args.path}: no such file (runs/device_check.sh writes it)",
+              file=sys.stderr)
+        return 2
     try:
         report = json.loads(args.path.read_text(encoding="utf-8"))
         rows = table_rows(report)

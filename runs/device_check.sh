@@ -10,7 +10,9 @@
 #   bash runs/device_check.sh --dry-run   # the same steps on this CPU at toy size, fp32, no wheels (CI:
 #                                         # tests/test_device_check.py)
 # Knobs (environment): OUT (where results go; the device tool sets it; default $WORK/out), WORK (data, models,
-# runs; default /tmp/nanocomposer-device-check, emptied first), BUDGET_S (wall-time cap, default 470),
+# runs; default /tmp/nanocomposer-device-check; its runs/, data/ and base/ are removed first), BUDGET_S (wall-time cap, default 460 s: the
+# steps end by BUDGET_S - 30, the JSON is written within the last 30-40 s), NANOCOMPOSER_COMMIT (the commit to
+# record where the copy has no .git),
 # CPT_STEPS SFT_STEPS RL_STEPS EVAL_LIMIT CORPUS_CHARS (the pipeline's budgets; defaults below per mode).
 # Every step has a time limit inside the budget; a failed or timed-out step is recorded in the JSON and the
 # stages after it that need its output are skipped, so the JSON and the log always come back.
@@ -27,8 +29,8 @@ esac
 START=$(date +%s)
 # The wall-time cap of the whole check. On the lent machine each step also has its own limit (below); in a
 # dry run only the cap applies: a shared CPU runs the toy steps at whatever speed its load allows.
-if [ "$MODE" = gpu ]; then BUDGET_S=${BUDGET_S:-470}; else BUDGET_S=${BUDGET_S:-900}; fi
-RESERVE_S=25  # kept back for writing the JSON
+if [ "$MODE" = gpu ]; then BUDGET_S=${BUDGET_S:-460}; else BUDGET_S=${BUDGET_S:-900}; fi
+RESERVE_S=30  # kept back for writing the JSON
 WORK=${WORK:-/tmp/nanocomposer-device-check}
 OUT=${OUT:-$WORK/out}
 RUN=device-check
@@ -165,7 +167,7 @@ main() {
 main 2>&1 | tee "$LOG"
 echo; echo "== writing $OUT/device_check.json" | tee -a "$LOG"
 cp "$WORK/runs/$RUN/eval/compare.md" "$OUT/compare.md" 2> /dev/null
-timeout 60 "${PY:-python3}" -m bench.device "$OUT/device_check.json" --collect --mode "$MODE" --runs "$WORK/runs" \
+timeout 40 "${PY:-python3}" -m bench.device "$OUT/device_check.json" --collect --mode "$MODE" --runs "$WORK/runs" \
   --run "$RUN" --base "$BASE" --steps "$STEPS" --junit "$OUT/gpu_tests.xml" --started "$START" 2>&1 | tee -a "$LOG"
 status=${PIPESTATUS[0]}
 if (( status == 0 )) && grep -q '"ok": true' "$OUT/device_check.json"; then verdict=ok; else verdict=FAILED; status=1; fi
