@@ -286,9 +286,9 @@ class Runner:
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="episode") as pool:
             try:
                 while todo or live:
+                    self._collect(live, on_record)  # first: a finished episode's slot is refilled right away
                     while todo and len(live) < self.concurrency:
                         live.append(self._launch(pool, todo.popleft()))
-                    self._collect(live, on_record)
                     if self.shared is not None and self._generate(pool, live):
                         continue
                     busy = [s.future for s in live if s.future is not None]

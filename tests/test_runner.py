@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -255,3 +256,27 @@ def test_eval_sigint_exits_130_with_a_resume_line_and_keeps_records(tmp_path):
     kept = read_results(episodes)
     assert len(kept) >= 2 and episodes.read_text().endswith("\n") and not output.exists()
     assert _leftovers(tmp) == []
+
+
+def test_a_finished_episodes_slot_is_refilled_while_others_run(tmp_path):
+    """calc-a stays live until calc-c has started; calc-c can only start in the slot calc-b frees."""
+    c_started = threading.Event()
+    seen = {}
+
+    class Gate:
+        name = "gate"
+
+        def reset(self, task):
+            self.task_id = task.id
+            if task.id == "calc-c":
+                c_started.set()
+
+        def act(self, messages, tools):
+            if self.task_id == "calc-a":
+                seen["c started while a was live"] = c_started.wait(timeout=30)
+            return turn(("submit", {"summary": "x"}))
+
+    tasks = [make_calc_task(tmp_path, f"calc-{c}") for c in "abc"]
+    records = run_tasks(tasks, Gate, concurrency=2, progress=False)
+    assert seen == {"c started while a was live": True}
+    assert [r["exit_status"] for r in records] == ["submitted"] * 3
