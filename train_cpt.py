@@ -26,7 +26,6 @@ from nanocomposer.common import (
     check_model_path,
     configure_device,
     document_separator_id,
-    fail,
     finish_wandb,
     load_model,
     load_splits,
@@ -36,11 +35,12 @@ from nanocomposer.common import (
     perplexity,
     prepare_output_dir,
     print0,
+    run_main,
     save_final_model,
     start_stage_run,
     write_model_card,
 )
-from nanocomposer.config import CPTScriptArguments, RecipeParser
+from nanocomposer.config import ConfigError, CPTScriptArguments, RecipeParser
 
 STAGE = "cpt"
 
@@ -60,7 +60,11 @@ def main(script_args: CPTScriptArguments, training_args: TrainingArguments, mode
     ################
     output_dir, checkpoint = prepare_output_dir(script_args, training_args, STAGE)
     configure_device(training_args)
-    check_model_path(model_args.model_name_or_path)
+    model_config = check_model_path(model_args.model_name_or_path)
+    max_positions = getattr(model_config, "max_position_embeddings", None)
+    if max_positions is not None and max_positions < script_args.block_size:
+        raise ConfigError(f"block_size {script_args.block_size}: exceeds the model's max_position_embeddings="
+                          f"{max_positions}")
     dataset = load_splits(script_args.dataset_path, [script_args.dataset_train_split,
                                                      script_args.dataset_test_split], ["text"])
     tokenizer = load_tokenizer(model_args.model_name_or_path)
@@ -74,7 +78,7 @@ def main(script_args: CPTScriptArguments, training_args: TrainingArguments, mode
     eval_blocks, eval_stats = pack_documents(dataset[script_args.dataset_test_split], tokenizer,
                                              script_args.block_size, separator_id, desc="validation")
     if len(train_blocks) == 0 or len(eval_blocks) == 0:
-        fail(f"dataset_path {script_args.dataset_path}: fewer than block_size={script_args.block_size} tokens "
+        raise ConfigError(f"dataset_path {script_args.dataset_path}: fewer than block_size={script_args.block_size} tokens "
              f"in a split (train {train_stats['tokens']}, validation {eval_stats['tokens']})")
     if script_args.max_eval_blocks is not None:
         eval_blocks = eval_blocks.select(range(min(script_args.max_eval_blocks, len(eval_blocks))))
@@ -86,9 +90,6 @@ def main(script_args: CPTScriptArguments, training_args: TrainingArguments, mode
     # Model, W&B, trainer
     ################
     model = load_model(model_args, training_args)
-    if model.config.max_position_embeddings < script_args.block_size:
-        fail(f"block_size={script_args.block_size} exceeds the model's max_position_embeddings="
-             f"{model.config.max_position_embeddings}")
     lora = peft_config(model_args)
     if lora is not None:
         from peft import get_peft_model
@@ -157,4 +158,4 @@ def make_parser() -> RecipeParser:
 
 
 if __name__ == "__main__":
-    main(*make_parser().parse_args_and_config())
+    run_main(main, make_parser())

@@ -33,18 +33,18 @@ from env.tasks import TaskError
 from nanocomposer.common import (
     check_model_path,
     configure_device,
-    fail,
     finish_wandb,
     load_model,
     load_tokenizer,
     peft_config,
     prepare_output_dir,
     print0,
+    run_main,
     save_final_model,
     start_stage_run,
     write_model_card,
 )
-from nanocomposer.config import RecipeParser, RLScriptArguments
+from nanocomposer.config import ConfigError, RecipeParser, RLScriptArguments
 from nanocomposer.policy import SamplingConfig
 from nanocomposer.rollout import (
     AgentRollout,
@@ -97,21 +97,23 @@ def check_arguments(script_args: RLScriptArguments, training_args: GRPOConfig) -
         reward_funcs = get_reward_funcs(script_args.reward_funcs, malformed_handling=script_args.malformed_handling,
                                         ask_user_handling=script_args.ask_user_handling)
     except ValueError as e:
-        fail(f"reward_funcs: {e}")
+        raise ConfigError(f"reward_funcs: {e}") from None
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(reward_funcs):
-        fail(f"reward_weights has {len(weights)} values for {len(reward_funcs)} reward_funcs "
-             f"{script_args.reward_funcs}: give one weight per component")
+        raise ConfigError(f"reward_weights has {len(weights)} values for {len(reward_funcs)} reward_funcs "
+                          f"{script_args.reward_funcs}: give one weight per component")
     if script_args.truncated_episodes == "penalty" and "truncated" not in script_args.reward_funcs:
-        fail("truncated_episodes: penalty needs the `truncated` reward in reward_funcs (with a weight)")
+        raise ConfigError("truncated_episodes: penalty needs the `truncated` reward in reward_funcs "
+                          "(with a weight)")
     if training_args.mask_truncated_completions:
         print0("[rl] note: mask_truncated_completions only sees the last token of an episode; truncation is "
                f"handled per episode by truncated_episodes={script_args.truncated_episodes!r}")
     if script_args.generation_backend == "vllm" and not training_args.use_vllm:
-        fail("generation_backend: vllm needs use_vllm: true (and vllm_mode: colocate or server)")
+        raise ConfigError("generation_backend: vllm needs use_vllm: true (and vllm_mode: colocate or server)")
     if training_args.per_device_train_batch_size % training_args.num_generations:
-        fail(f"per_device_train_batch_size={training_args.per_device_train_batch_size} must be a multiple of "
-             f"num_generations={training_args.num_generations} (it counts episodes: prompts x generations)")
+        raise ConfigError(f"per_device_train_batch_size={training_args.per_device_train_batch_size} must be a "
+                          f"multiple of num_generations={training_args.num_generations} (it counts episodes: "
+                          "prompts x generations)")
     return reward_funcs
 
 
@@ -147,13 +149,13 @@ def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: 
     ################
     output_dir, checkpoint = prepare_output_dir(script_args, training_args, STAGE)
     configure_device(training_args)
-    check_model_path(model_args.model_name_or_path)
+    check_model_path(model_args.model_name_or_path, chat_template=True)
     reward_funcs = check_arguments(script_args, training_args)
     try:
         tasks, tasks_source = resolve_training_tasks(script_args.tasks_dir, script_args.task_limit)
         dataset, task_index = task_prompt_dataset(tasks)
     except (TaskError, RolloutError) as e:
-        fail(f"tasks_dir {script_args.tasks_dir}: {e}")
+        raise ConfigError(f"tasks_dir {script_args.tasks_dir}: {e}") from None
     # vLLM generates one turn per call: its completion budget is the per-turn budget.
     training_args.max_completion_length = script_args.max_new_tokens
     tokenizer = load_tokenizer(model_args.model_name_or_path)
@@ -223,4 +225,4 @@ def make_parser() -> RecipeParser:
 
 
 if __name__ == "__main__":
-    main(*make_parser().parse_args_and_config())
+    run_main(main, make_parser())

@@ -40,11 +40,12 @@ from nanocomposer.common import (
     peft_config,
     prepare_output_dir,
     print0,
+    run_main,
     save_final_model,
     start_stage_run,
     write_model_card,
 )
-from nanocomposer.config import RecipeParser, SFTScriptArguments
+from nanocomposer.config import ConfigError, RecipeParser, SFTScriptArguments
 
 STAGE = "sft"
 
@@ -116,7 +117,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     ################
     output_dir, checkpoint = prepare_output_dir(script_args, training_args, STAGE)
     configure_device(training_args)
-    check_model_path(model_args.model_name_or_path)
+    check_model_path(model_args.model_name_or_path, chat_template=True)
     if not training_args.assistant_only_loss:
         print0("[sft] warning: assistant_only_loss is off: system, user and tool tokens will be trained on")
     splits = [script_args.dataset_train_split, script_args.dataset_test_split]
@@ -129,7 +130,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         try:
             check_tasks = load_task_set(script_args.check_tasks)[: script_args.check_limit]
         except TaskError as e:
-            fail(f"check_tasks {script_args.check_tasks}: {e}")
+            raise ConfigError(f"check_tasks {script_args.check_tasks}: {e}") from None
     tokenizer = load_tokenizer(model_args.model_name_or_path)
 
     ################
@@ -141,8 +142,9 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
                f"{report['max_length']} are truncated ({report['assistant_tokens_lost_fraction']:.1%} of assistant "
                f"tokens lost, {report['no_assistant_tokens_left']} left with none); longest {report['max_tokens']}")
     if lengths[script_args.dataset_train_split]["assistant_tokens_kept"] == 0:
-        fail(f"max_length={training_args.max_length} cuts every training conversation before its first assistant "
-             f"token: nothing would be trained (longest conversation: {lengths[splits[0]]['max_tokens']} tokens)")
+        raise ConfigError(f"max_length={training_args.max_length} cuts every training conversation before its first "
+                          f"assistant token: nothing would be trained (longest conversation: "
+                          f"{lengths[splits[0]]['max_tokens']} tokens)")
 
     ################
     # Model, W&B, trainer
@@ -228,4 +230,4 @@ def make_parser() -> RecipeParser:
 
 
 if __name__ == "__main__":
-    main(*make_parser().parse_args_and_config())
+    run_main(main, make_parser())

@@ -1,8 +1,9 @@
 """What the training stages share: output dirs and resume, input checks, model loading and saving, W&B,
 the resolved config and the model card, and CPT's document packing.
 
-Every check here runs before any training step and stops the script with one line naming the bad input
-(`fail`), not a traceback from deep inside transformers.
+Every input check here runs before any training step and raises `ConfigError` naming the bad input;
+`run_main`, every stage's `__main__`, prints it as one line and exits with status 2 (no traceback from deep
+inside transformers). `fail` (status 1) is for a stage that ran and failed.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import uuid
+import zipfile
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
@@ -20,13 +24,33 @@ from typing import Any, NoReturn
 import torch
 import yaml
 
+from nanocomposer.config import ConfigError, RecipeParser
+from nanocomposer.policy import TOKENIZER_FILES, WEIGHT_FILES
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WANDB_PROJECT = "nanocomposer"
 
 
 def fail(message: str) -> NoReturn:
-    """Stop the stage: exit status 1 and `error: message` on stderr."""
+    """Stop a stage that ran and failed (not bad input: that is ConfigError): exit status 1, `error: message`."""
     raise SystemExit(f"error: {message}")
+
+
+def run_main(main: Callable[..., Any], parser: RecipeParser) -> None:
+    """A stage's `__main__`: parse recipe and flags, run `main`, and report bad input found on the way
+    (a ConfigError) exactly like a bad flag: `<script>: error: <message>` on one line, exit status 2.
+    Anything else keeps its traceback: that is a bug, not bad input."""
+    arguments = parser.parse_args_and_config()
+    try:
+        main(*arguments)
+    except ConfigError as e:
+        parser.error(str(e))
+
+
+def first_line(error: BaseException) -> str:
+    """`Type: first line of the message`, for errors from libraries whose messages span lines."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 def print0(*args: Any) -> None:
@@ -38,26 +62,124 @@ def print0(*args: Any) -> None:
 # --------------------------------------------------------------------------- run directory
 
 
+CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")  # what the Trainer writes (and get_last_checkpoint finds)
+INCOMPLETE_PREFIX = "incomplete-"  # an incomplete checkpoint moved aside: no longer matches CHECKPOINT_DIR
+
+
 def prepare_output_dir(script_args, training_args, stage: str) -> tuple[Path, str | None]:
     """Point the trainer at `<runs_dir>/<run>/<stage>/` and decide where training starts.
 
-    Returns the output dir and the checkpoint to resume from (None: start fresh). An output dir that
-    already holds checkpoints is only reused with `--resume`, so a run is never silently overwritten.
+    Returns the output dir (not created yet: that waits until every input check has passed) and the
+    checkpoint to resume from (None: start fresh). An output dir that already holds checkpoints or a
+    finished model is only reused with `--resume`, so a run is never silently overwritten. A checkpoint
+    whose save was cut short (`kill -9`, a full disk) is never resumed from: `--resume` takes the newest
+    complete one (`checkpoint_problem`) and moves the incomplete ones aside, saying so.
     """
-    from transformers.trainer_utils import get_last_checkpoint
-
     if training_args.output_dir in (None, "trainer_output"):  # "trainer_output": TrainingArguments' default
         training_args.output_dir = str(Path(script_args.runs_dir) / script_args.run / stage)
     output_dir = Path(training_args.output_dir)
-    last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"output dir {output_dir}: exists and is not a directory")
+    require_optimizer = not getattr(training_args, "save_only_model", False)
+    checkpoints = list_checkpoints(output_dir)  # newest first
+    problems = {path: checkpoint_problem(path, require_optimizer) for path in checkpoints}
+    complete = next((path for path in checkpoints if problems[path] is None), None)
+    incomplete = [path for path in checkpoints if problems[path] is not None]
     if script_args.resume:
-        if last is None:
-            fail(f"--resume: no checkpoint-* directory in {output_dir} (is --run {script_args.run!r} right?)")
-        return output_dir, last
-    if last is not None:
-        fail(f"{output_dir} already holds {Path(last).name}; pass --resume to continue it or choose another --run")
-    output_dir.mkdir(parents=True, exist_ok=True)
+        return output_dir, resume_checkpoint(output_dir, stage, complete, incomplete, problems)
+    other = " or --output_dir" if script_args.run not in output_dir.parts else ""
+    if complete is not None:
+        also = f" (and incomplete {', '.join(p.name for p in incomplete)})" if incomplete else ""
+        raise ConfigError(f"{output_dir} already holds {complete.name}{also}; pass --resume to continue from it "
+                          f"or choose another --run{other}")
+    if incomplete:
+        raise ConfigError(f"{output_dir} holds only incomplete checkpoints from an interrupted run "
+                          f"({describe_problems(incomplete, problems)}); pass --resume to move them aside and "
+                          f"start over, or choose another --run{other}")
+    finished = [name for name in WEIGHT_FILES if (output_dir / name).is_file()]
+    if finished:
+        raise ConfigError(f"{output_dir} already holds a finished model ({finished[0]}); choose another "
+                          f"--run{other}, or move it away first")
     return output_dir, None
+
+
+def resume_checkpoint(output_dir: Path, stage: str, complete: Path | None, incomplete: list[Path],
+                      problems: dict[Path, str | None]) -> str | None:
+    """--resume: the newest complete checkpoint, after moving every incomplete one aside (never deleted:
+    the Trainer's checkpoint rotation would otherwise count them, and a later save could land on top)."""
+    if complete is None and not incomplete:
+        raise ConfigError(f"--resume: no checkpoint-* directory in {output_dir} (is --run right?)")
+    for path in incomplete:
+        aside = move_aside(path)
+        print0(f"[{stage}] --resume: skipping incomplete {path.name} ({problems[path]}); moved it to {aside}")
+    if complete is None:
+        print0(f"[{stage}] --resume: no complete checkpoint in {output_dir}: starting over from step 0")
+        return None
+    print0(f"[{stage}] --resume: resuming from {complete} (step {checkpoint_step(complete)})")
+    return str(complete)
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """The Trainer's `checkpoint-<step>` directories in `output_dir`, newest (highest step) first.
+
+    transformers' `get_last_checkpoint` returns the highest step whether or not its save finished; this
+    lists them all so the caller can fall back to the newest complete one.
+    """
+    if not output_dir.is_dir():
+        return []
+    found = [path for path in output_dir.iterdir() if path.is_dir() and CHECKPOINT_DIR.match(path.name)]
+    return sorted(found, key=checkpoint_step, reverse=True)
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(CHECKPOINT_DIR.match(Path(path).name).group(1))
+
+
+def checkpoint_problem(path: Path, require_optimizer: bool = True) -> str | None:
+    """Why the Trainer could not resume from checkpoint dir `path`, or None when it is complete.
+
+    Complete: everything `Trainer._save_checkpoint` writes is there and parses. It writes the model
+    weights, then optimizer.pt and scheduler.pt (not with `save_only_model`), then rng_state.pth, and
+    trainer_state.json last; a save cut short misses some, or leaves one truncated. trainer_state.json
+    must parse and its global_step match the directory name; weights (full model or PEFT adapter) must
+    be whole (`weights_problem`); every torch archive (.pt, .pth, .bin) must open.
+    """
+    state_file = path / "trainer_state.json"
+    if not state_file.is_file():
+        return "no trainer_state.json: its save did not finish"
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"trainer_state.json is not valid JSON ({e})"
+    if not isinstance(state, dict) or state.get("global_step") != checkpoint_step(path):
+        return f"trainer_state.json does not record global_step {checkpoint_step(path)}"
+    problem = weights_problem(path)
+    if problem:
+        return problem
+    needed = ("optimizer.pt", "scheduler.pt") if require_optimizer else ()
+    missing = [name for name in needed if not (path / name).is_file()]
+    if missing:
+        return f"no {' or '.join(missing)}"
+    for archive in sorted(path.glob("*.pt")) + sorted(path.glob("*.pth")) + sorted(path.glob("*.bin")):
+        problem = file_problem(archive)
+        if problem:
+            return problem
+    return None
+
+
+def describe_problems(paths: list[Path], problems: dict[Path, str | None]) -> str:
+    return "; ".join(f"{path.name}: {problems[path]}" for path in paths)
+
+
+def move_aside(path: Path) -> Path:
+    """Rename `path` to `incomplete-<name>` beside it (`.1`, `.2`, ... if taken); returns the new path."""
+    target = path.with_name(INCOMPLETE_PREFIX + path.name)
+    n = 0
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{INCOMPLETE_PREFIX}{path.name}.{n}")
+    path.rename(target)
+    return target
 
 
 def configure_device(training_args) -> None:
@@ -68,7 +190,7 @@ def configure_device(training_args) -> None:
     if torch.cuda.is_available():
         return
     if training_args.bf16 or training_args.fp16:
-        fail("this machine has no CUDA device and the recipe asks for bf16/fp16: use a CPU recipe (bf16: false)")
+        raise ConfigError("this machine has no CUDA device and the recipe asks for bf16/fp16: use a CPU recipe (bf16: false)")
     training_args.use_cpu = True
     training_args.gradient_checkpointing = False
     if hasattr(training_args, "activation_checkpointing"):
@@ -78,45 +200,154 @@ def configure_device(training_args) -> None:
 # --------------------------------------------------------------------------- inputs
 
 
-def check_model_path(model_name_or_path: str | None) -> None:
-    """Fail clearly unless `model_name_or_path` loads as a transformers model config."""
+def check_model_path(model_name_or_path: str | None, *, chat_template: bool = False):
+    """The model's config, once the checkpoint is known to be usable; ConfigError naming what is wrong.
+
+    A local directory is checked without loading any weights: config.json parses and has a model_type
+    transformers knows, the weights are all there and whole (`weights_problem`), the tokenizer files are
+    there, with a chat template when the stage renders conversations (`chat_template`, SFT and RL). A Hub
+    id ("org/name") is checked as far as its config, from the cache or the Hub.
+    """
     from transformers import AutoConfig
 
     if not model_name_or_path:
-        fail("model_name_or_path is not set (in the recipe or as --model_name_or_path)")
+        raise ConfigError("model_name_or_path is not set (in the recipe or as --model_name_or_path)")
+    where = f"model_name_or_path {model_name_or_path}"
     path = Path(model_name_or_path)
-    if path.exists() and not (path / "config.json").is_file():
-        fail(f"model_name_or_path {model_name_or_path}: not a model directory (no config.json)")
     looks_local = path.is_absolute() or model_name_or_path.startswith(".") or model_name_or_path.count("/") != 1
     if not path.exists() and looks_local:  # a Hub id is exactly "org/name"
-        fail(f"model_name_or_path {model_name_or_path}: no such directory")
+        raise ConfigError(f"{where}: no such directory")
+    if path.exists():
+        problem = model_dir_problem(path, chat_template)
+        if problem:
+            raise ConfigError(f"{where}: {problem}")
     try:
-        AutoConfig.from_pretrained(model_name_or_path)
-    except (OSError, ValueError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        fail(f"model_name_or_path {model_name_or_path}: not a local model directory nor a cached Hub model "
-             f"({first_line})")
+        return AutoConfig.from_pretrained(model_name_or_path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"{where}: config.json does not load ({first_line(e)})" if path.exists() else
+                          f"{where}: not a local model directory nor a cached Hub model ({first_line(e)})") from None
+
+
+def model_dir_problem(path: Path, chat_template: bool = False) -> str | None:
+    """What keeps the local checkpoint directory `path` from loading for training, or None."""
+    if not path.is_dir():
+        return "not a directory (a from_pretrained checkpoint is a directory)"
+    if not (path / "config.json").is_file():
+        if (path / "adapter_config.json").is_file():
+            return ("a PEFT adapter without its base model (no config.json): the stages start from a full model; "
+                    "merge it first (peft's merge_and_unload, then save_pretrained)")
+        return "not a model directory (no config.json)"
+    config, problem = read_json(path / "config.json")
+    if problem:
+        return problem
+    if not isinstance(config.get("model_type"), str):
+        return "config.json has no 'model_type' (transformers needs it to pick the architecture, e.g. \"llama\")"
+    problem = weights_problem(path)
+    if problem:
+        return problem
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        return (f"no tokenizer ({' or '.join(TOKENIZER_FILES)}); save it beside the model "
+                "(tokenizer.save_pretrained)")
+    if chat_template and not (path / "chat_template.jinja").is_file():
+        tokenizer_config, problem = read_json(path / "tokenizer_config.json")
+        if problem and (path / "tokenizer_config.json").is_file():
+            return problem
+        if not (tokenizer_config or {}).get("chat_template"):
+            return "the tokenizer has no chat template (this stage renders conversations with it)"
+    return None
+
+
+def read_json(file: Path) -> tuple[dict | None, str | None]:
+    """(the JSON object in `file`, None), or (None, what is wrong with it)."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"no {file.name}"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"{file.name} is not valid JSON ({e})"
+    if not isinstance(data, dict):
+        return None, f"{file.name} must hold a JSON object, not {type(data).__name__}"
+    return data, None
+
+
+SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+SINGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
+
+
+def weights_problem(directory: Path) -> str | None:
+    """Why the weights in `directory` (a full model, sharded or not, or a PEFT adapter) would not load,
+    or None. Cheap: it reads each file's header or directory, not the tensors, and catches what a cut-short
+    copy or save leaves (a missing shard, a truncated file)."""
+    index = next((directory / name for name in SHARD_INDEXES if (directory / name).is_file()), None)
+    if index is not None:
+        data, problem = read_json(index)
+        if problem:
+            return problem
+        weight_map = data.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            return f"{index.name} has no weight_map"
+        files = [directory / name for name in sorted(set(map(str, weight_map.values())))]
+    else:
+        files = [directory / name for name in SINGLE_WEIGHTS if (directory / name).is_file()][:1]
+    if not files:
+        return f"no weights (expected one of {', '.join(SINGLE_WEIGHTS + SHARD_INDEXES)})"
+    for file in files:
+        problem = file_problem(file)
+        if problem:
+            return problem
+    return None
+
+
+def file_problem(file: Path) -> str | None:
+    """Why a weights/optimizer file does not open (missing, empty, truncated), or None."""
+    if not file.is_file():
+        return f"{file.name} is missing"
+    if file.suffix == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+
+        try:  # reads the header and checks that the data it describes is all there
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            return f"{file.name} is truncated or corrupt ({e})"
+        return None
+    try:  # torch.save writes a zip archive whose directory comes last: a cut-short file has none
+        with zipfile.ZipFile(file):
+            pass
+    except (zipfile.BadZipFile, OSError) as e:
+        return f"{file.name} is truncated or not a torch archive ({e})"
+    return None
 
 
 def load_splits(dataset_path: str | None, splits: list[str], columns: list[str]):
     """The requested splits of a DatasetDict saved with `save_to_disk`, each checked for `columns`."""
     from datasets import DatasetDict, load_from_disk
+    from pyarrow import ArrowException
 
     if not dataset_path:
-        fail("dataset_path is not set (in the recipe or as --dataset_path)")
+        raise ConfigError("dataset_path is not set (in the recipe or as --dataset_path)")
     path = Path(dataset_path)
+    if not path.exists():
+        raise ConfigError(f"dataset_path {dataset_path}: no such directory (expected a DatasetDict saved with "
+                          "save_to_disk: no dataset_dict.json)")
     if not (path / "dataset_dict.json").is_file():
-        fail(f"dataset_path {dataset_path}: not a DatasetDict saved with save_to_disk (no dataset_dict.json)")
-    dataset_dict = load_from_disk(str(path))
+        raise ConfigError(f"dataset_path {dataset_path}: not a DatasetDict saved with save_to_disk "
+                          "(no dataset_dict.json)")
+    try:
+        dataset_dict = load_from_disk(str(path))
+    except (OSError, ValueError, KeyError, TypeError, ArrowException) as e:  # a damaged or foreign save
+        raise ConfigError(f"dataset_path {dataset_path}: does not load ({first_line(e)})") from None
+    if not isinstance(dataset_dict, DatasetDict):
+        raise ConfigError(f"dataset_path {dataset_path}: a single Dataset, not a DatasetDict with splits")
     for split in splits:
         if split not in dataset_dict:
-            fail(f"dataset_path {dataset_path}: no {split!r} split (has {sorted(dataset_dict)})")
+            raise ConfigError(f"dataset_path {dataset_path}: no {split!r} split (has {sorted(dataset_dict)})")
         missing = [c for c in columns if c not in dataset_dict[split].column_names]
         if missing:
-            fail(f"dataset_path {dataset_path}[{split!r}]: missing columns {missing} "
-                 f"(has {dataset_dict[split].column_names})")
+            raise ConfigError(f"dataset_path {dataset_path}[{split!r}]: missing columns {missing} "
+                              f"(has {dataset_dict[split].column_names})")
         if len(dataset_dict[split]) == 0:
-            fail(f"dataset_path {dataset_path}[{split!r}]: the split is empty")
+            raise ConfigError(f"dataset_path {dataset_path}[{split!r}]: the split is empty")
     return DatasetDict({split: dataset_dict[split] for split in splits})
 
 
@@ -132,7 +363,11 @@ def read_manifest(dataset_path: str) -> dict | None:
 def load_tokenizer(model_name_or_path: str):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"model_name_or_path {model_name_or_path}: the tokenizer does not load "
+                          f"({first_line(e)})") from None
     if tokenizer.pad_token is None:  # base checkpoints without one (Llama); labels mask padding anyway
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -150,12 +385,24 @@ def load_model(model_args, training_args):
     dtype = model_args.dtype if model_args.dtype not in (None, "auto") else torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_args.model_name_or_path,
-        revision=model_args.model_revision,
-        dtype=dtype,
-        attn_implementation=model_args.attn_implementation,
-    )
+    where = f"model_name_or_path {model_args.model_name_or_path}"
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            model_args.model_name_or_path,
+            revision=model_args.model_revision,
+            dtype=dtype,
+            attn_implementation=model_args.attn_implementation,
+            output_loading_info=True,
+        )
+    except torch.OutOfMemoryError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as e:  # corrupt files, shape mismatches
+        raise ConfigError(f"{where}: the weights do not load ({first_line(e)})") from None
+    # transformers initialises missing weights at random and only logs it: training on from there is garbage.
+    missing, mismatched = sorted(info.get("missing_keys", ())), list(info.get("mismatched_keys", ()))
+    if missing or mismatched:
+        raise ConfigError(f"{where}: incomplete weights: missing {missing[:3]}{' ...' if len(missing) > 3 else ''}"
+                          f"{f', shape mismatches {mismatched[:3]}' if mismatched else ''}")
     model.config.use_cache = False
     return model
 
@@ -186,7 +433,7 @@ def document_separator_id(tokenizer, separator: str | None) -> int:
     token = separator or ("<|endoftext|>" if "<|endoftext|>" in tokenizer.get_vocab() else tokenizer.eos_token)
     token_id = tokenizer.convert_tokens_to_ids(token) if token is not None else None
     if token_id is None or token_id == tokenizer.unk_token_id:
-        fail(f"document_separator {token!r} is not a token of the tokenizer")
+        raise ConfigError(f"document_separator {token!r} is not a token of the tokenizer")
     return token_id
 
 
@@ -259,7 +506,8 @@ def resolved_config(script_args, training_args, model_args) -> dict:
 
 
 def save_config(output_dir: Path, config: dict, extra: dict) -> None:
-    """`config.yaml`: the resolved arguments plus run facts (git commit, data, hardware)."""
+    """`config.yaml`: the resolved arguments plus run facts (git commit, data, hardware); creates the dir."""
+    output_dir.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump({**extra, **config}, sort_keys=False, allow_unicode=True)
     (output_dir / "config.yaml").write_text(text, encoding="utf-8")
 

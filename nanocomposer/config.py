@@ -2,24 +2,138 @@
 
 Each stage parses `(ScriptArguments, TrainingArguments-or-TRL-config, trl.ModelConfig)` with
 `RecipeParser`, a `trl.TrlParser` that reads `--config recipes/<preset>/<stage>.yaml` and lets CLI flags
-override the file. Unlike TrlParser, it names the file and the key when a recipe holds a key that no
-dataclass knows (TrlParser only says "Unknown arguments from config file" after everything else has
-parsed), and it prints a one-line error instead of the usage of ~300 flags.
+override the file. Unlike TrlParser, it checks the recipe and the values before any dataclass is built,
+and stops with one line naming the flag, or the file and the key, and what is wrong (exit status 2, as
+argparse does for a bad flag), instead of the usage of ~300 flags or a traceback from deep inside a trainer:
+- an unknown recipe key (TrlParser only says "Unknown arguments from config file" after everything else
+  has parsed), with the closest known key;
+- a recipe value of the wrong type: TrlParser sets YAML values as argparse defaults, and argparse only
+  converts defaults that are strings, so `max_steps: 1.5` or `reward_funcs: outcome` would reach the
+  trainer as they are. Here every value goes through its flag's type, exactly like the same value on the
+  command line, and `choices` are enforced;
+- a value out of range (`VALUE_RULES`: a negative learning rate, a zero batch size, `max_turns: -1`, ...).
+
+Bad input found later, before any work (a model directory without a tokenizer, a missing dataset), is a
+`ConfigError`; `nanocomposer.common.run_main` reports it the same way.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import difflib
+import math
 import sys
 import time
-from collections.abc import Iterable
+import types
+import typing
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from trl import TrlParser
 
 from env.episode import EpisodeConfig
+
+
+class ConfigError(SystemExit):
+    """Bad input (a path, a checkpoint, a value), found before any work starts.
+
+    A stage's `__main__` (`nanocomposer.common.run_main`) prints it as `<script>: error: <message>` on one
+    line and exits with status 2. It is a SystemExit so that a stage called as a function (the tests) still
+    stops without a traceback; `str(error)` is the message.
+    """
+
+
+class ArgumentError(ValueError):
+    """A value its argument cannot take. The dataclasses raise it without knowing where the value came
+    from; `RecipeParser` names the flag, or the recipe file and key."""
+
+    def __init__(self, key: str, value: Any, problem: str):
+        self.key, self.value, self.problem = key, value, problem
+        super().__init__(f"{key} {value!r}: {problem}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _at_least(low: int, why: str = "") -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: _is_number(v) and v >= low), f"must be at least {low}{why}"
+
+
+POSITIVE = (lambda v: _is_number(v) and v > 0), "must be > 0"
+NON_NEGATIVE = (lambda v: _is_number(v) and v >= 0), "must be >= 0"
+FRACTION = (lambda v: _is_number(v) and 0 < v <= 1), "must be in (0, 1]"
+BELOW_ONE = (lambda v: _is_number(v) and 0 <= v < 1), "must be in [0, 1)"
+NOT_EMPTY = (lambda v: isinstance(v, str) and v.strip() != ""), "must not be empty"
+
+# What every stage refuses, by argument name, whichever dataclass holds it (the stages' own, transformers'
+# TrainingArguments and TRL's SFTConfig/GRPOConfig/ModelConfig). None always passes: it means "unset".
+VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    # StageArguments and the stages' own arguments
+    "run": NOT_EMPTY,
+    "runs_dir": NOT_EMPTY,
+    "block_size": _at_least(2, " (the first token of a block has no label)"),
+    "max_eval_blocks": _at_least(1),
+    "check_limit": _at_least(1),
+    "check_max_turns": _at_least(1),
+    "check_workers": _at_least(1),
+    "task_limit": _at_least(1),
+    "max_turns": _at_least(1),
+    "max_new_tokens": _at_least(1),
+    "max_episode_tokens": _at_least(1),
+    "max_context": _at_least(2),
+    "max_wall_s": POSITIVE,
+    "max_output_chars": _at_least(1),
+    "command_timeout_s": POSITIVE,
+    "rollout_workers": _at_least(0, " (0: episodes run in the trainer process)"),
+    "dominance_threshold": FRACTION,
+    "log_trajectories_steps": _at_least(0, " (0: never)"),
+    "log_trajectories_count": _at_least(0),
+    # Trainer (transformers.TrainingArguments and TRL's configs)
+    "learning_rate": POSITIVE,
+    "per_device_train_batch_size": _at_least(1),
+    "per_device_eval_batch_size": _at_least(1),
+    "gradient_accumulation_steps": _at_least(1),
+    "max_steps": ((lambda v: isinstance(v, int) and not isinstance(v, bool) and (v == -1 or v >= 1)),
+                  "must be at least 1, or -1 to train for num_train_epochs"),
+    "num_train_epochs": POSITIVE,
+    "warmup_steps": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE,
+    "max_grad_norm": NON_NEGATIVE,
+    "adam_beta1": BELOW_ONE,
+    "adam_beta2": BELOW_ONE,
+    "adam_epsilon": POSITIVE,
+    "logging_steps": POSITIVE,
+    "save_steps": POSITIVE,
+    "eval_steps": POSITIVE,
+    "dataloader_num_workers": _at_least(0),
+    "max_length": _at_least(1),  # SFTConfig
+    "num_generations": _at_least(2, " (GRPO compares the episodes of one task)"),  # GRPOConfig
+    "temperature": POSITIVE,
+    "top_p": FRACTION,
+    "beta": NON_NEGATIVE,
+    # trl.ModelConfig (LoRA)
+    "lora_r": _at_least(1),
+    "lora_alpha": POSITIVE,
+    "lora_dropout": BELOW_ONE,
+}
+
+
+def check_value(key: str, value: Any) -> None:
+    """Raise ArgumentError if `value` breaks the rule for argument `key` (if it has one)."""
+    rule = VALUE_RULES.get(key)
+    if rule is not None and value is not None and not rule[0](value):
+        raise ArgumentError(key, value, rule[1])
+
+
+def check_values(arguments: Any) -> None:
+    """Every field of the dataclass instance `arguments` against VALUE_RULES."""
+    for f in dataclasses.fields(arguments):
+        check_value(f.name, getattr(arguments, f.name, None))
 
 
 def default_run_name() -> str:
@@ -45,8 +159,12 @@ class StageArguments:
     dataset_test_split: str = field(default="validation", metadata={"help": "Held-out split to evaluate on."})
     resume: bool = field(
         default=False,
-        metadata={"help": "Continue from the last checkpoint in the stage's output dir (same --run)."},
+        metadata={"help": "Continue from the newest complete checkpoint in the stage's output dir (same --run); "
+                          "incomplete ones (a save cut short) are moved aside to incomplete-checkpoint-N."},
     )
+
+    def __post_init__(self):
+        check_values(self)
 
 
 @dataclass
@@ -82,17 +200,22 @@ class SFTScriptArguments(StageArguments):
 
 
 class RecipeParser(TrlParser):
-    """`TrlParser` that rejects unknown recipe keys by name and file, with a suggestion."""
+    """`TrlParser` that checks the recipe's keys and types and every value's range (see the module docstring)."""
 
     def parse_args_and_config(self, args: Iterable[str] | None = None, **kwargs):
         args = list(args) if args is not None else sys.argv[1:]
+        self.cli_args, self.recipe_path, self.recipe = args, None, {}
         if "--config" in args:
+            if args.count("--config") > 1:
+                self.error("--config given more than once (one recipe; override its keys with flags)")
             index = args.index("--config")
             if index + 1 >= len(args):
                 self.error("--config needs a YAML file")
             self.check_recipe(args[index + 1])
         try:
             return super().parse_args_and_config(args, **kwargs)
+        except ArgumentError as e:  # a stage dataclass's own check (a cross-field one, e.g. max_context)
+            self.error(f"{self.source(e.key)} {e.value!r}: {e.problem}")
         except ValueError as e:  # unknown CLI flags, and the dataclasses' own checks (e.g. bf16 without a GPU)
             self.error(str(e))
 
@@ -112,10 +235,139 @@ class RecipeParser(TrlParser):
                 close = difflib.get_close_matches(str(key), known, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 self.error(f"{path}: unknown config key {key!r}{hint}")
+        if not isinstance(recipe.get("env", {}), dict):
+            self.error(f"{path}: env must be a mapping of environment variable names to values")
+        self.recipe_path, self.recipe = path, recipe
+
+    def set_defaults_with_config(self, **kwargs) -> list[str]:
+        # TrlParser's hook for the recipe's values: give them the types the same flags get on the command line.
+        return super().set_defaults_with_config(**{key: self.typed(key, value) for key, value in kwargs.items()})
+
+    def parse_known_args(self, args=None, namespace=None):
+        # Every parse goes through here once argparse has applied recipe defaults and flags, before any
+        # dataclass (and its __post_init__, which may fail less clearly) is built.
+        namespace, remaining = super().parse_known_args(args, namespace)
+        for key, value in vars(namespace).items():
+            try:
+                check_value(key, value)
+            except ArgumentError as e:
+                self.error(f"{self.source(key)} {value!r}: {e.problem}")
+        return namespace, remaining
+
+    def typed(self, key: str, value: Any) -> Any:
+        """The recipe's `value` for `key` as its flag's type would parse it, or exit naming file and key."""
+        action = next((a for a in self._actions if a.dest == key and (a.type is not None or a.choices)), None)
+        if action is None:  # `env`, and flags without a value (store_true)
+            return value
+        annotation, default = self.declared_fields().get(key, (None, None))
+        accepts = _annotation_types(annotation)
+        if value is None:
+            if accepts is None or type(None) in accepts or default is None:
+                return None
+            self.recipe_error(key, value, f"must be {_type_name(action)}, not null")
+        if isinstance(value, dict):
+            if accepts is None or dict in accepts:
+                return value
+            self.recipe_error(key, value, f"must be {_type_name(action)}, not a mapping")
+        if action.nargs in ("+", "*"):  # a list flag: one value is a list of one, as on the command line
+            return [self.convert(key, action, item, value) for item in (value if isinstance(value, list) else [value])]
+        if isinstance(value, list):
+            if accepts is None or list in accepts:
+                return value
+            self.recipe_error(key, value, f"must be {_type_name(action)}, not a list")
+        return self.convert(key, action, value, value)
+
+    def convert(self, key: str, action: argparse.Action, value: Any, whole: Any) -> Any:
+        """One value (`whole`: the recipe's value it is part of, for the message) through the flag's type."""
+        converter, kind = action.type, _kind(action)
+        if kind is None:  # a type we do not know how to check: as is
+            return value
+        if isinstance(value, bool) and kind != "bool":
+            self.recipe_error(key, whole, f"must be {_type_name(action)}, not a boolean (YAML reads yes/no/on/off "
+                                          "as booleans: quote the value)")
+        if isinstance(value, dict | list):
+            self.recipe_error(key, whole, f"must be {_type_name(action)}, not a {_yaml_kind(value)}")
+        try:
+            converted = converter(value if isinstance(value, str | bool) else str(value))
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            self.recipe_error(key, whole, f"must be {_type_name(action)}")
+        if action.choices and converted not in action.choices:
+            self.recipe_error(key, whole, f"must be {_type_name(action)}")
+        return converted
+
+    def declared_fields(self) -> dict[str, tuple[Any, Any]]:
+        """(declared type, default) of every dataclass field; HfArgumentParser rewrites `Field.type` (it
+        drops `str` and `None` from unions), not the annotations."""
+        if getattr(self, "_declared", None) is not None:
+            return self._declared
+        declared: dict[str, tuple[Any, Any]] = {}
+        for dataclass_type in self.dataclass_types:
+            try:
+                hints = typing.get_type_hints(dataclass_type)
+            except (NameError, TypeError):  # unresolvable annotations: those fields are not type-checked
+                continue
+            for f in dataclasses.fields(dataclass_type):
+                declared[f.name] = (hints.get(f.name), f.default)
+        self._declared = declared
+        return declared
+
+    def source(self, key: str) -> str:
+        """Where the value of `key` came from: its flag (which beats the recipe), else the recipe file."""
+        flags = {f"--{key}", f"--{key.replace('_', '-')}"}
+        if any(arg.split("=", 1)[0] in flags for arg in self.cli_args):
+            return f"--{key}"
+        if key in self.recipe:
+            return f"{self.recipe_path}: {key}"
+        return key
+
+    def recipe_error(self, key: str, value: Any, problem: str):
+        self.error(f"{self.recipe_path}: {key} {value!r}: {problem}")
 
     def error(self, message: str):
-        # argparse's default prints the full usage first, which here is hundreds of flags long.
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        # argparse's default prints the full usage first, which here is hundreds of flags long; and some
+        # messages (transformers' own checks) span lines: the error is one line.
+        one_line = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+        self.exit(2, f"{self.prog}: error: {one_line}\n")
+
+
+TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean (true or false)"}
+
+
+def _kind(action: argparse.Action) -> str | None:
+    """What a flag's values are: int, float, str, bool, choice, or None (a type not checked here)."""
+    if action.choices:
+        return "choice"
+    if action.type in (int, float, str):
+        return action.type.__name__
+    # HfArgumentParser's `string_to_bool`, of which TRL's parser carries its own copy
+    return "bool" if getattr(action.type, "__name__", "") == "string_to_bool" else None
+
+
+def _type_name(action: argparse.Action) -> str:
+    if action.choices:
+        return "one of " + ", ".join(str(c) for c in action.choices)
+    name = TYPE_NAMES.get(_kind(action), "a value")
+    return f"a list of {name.split(' ', 1)[1]}s" if action.nargs in ("+", "*") and " " in name else name
+
+
+def _yaml_kind(value: Any) -> str:
+    return {bool: "boolean", dict: "mapping", list: "list"}.get(type(value), type(value).__name__)
+
+
+def _annotation_types(annotation: Any) -> set | None:
+    """The plain types a field's annotation allows (`list[str] | None` -> {list, NoneType}); None: unknown."""
+    if annotation is None or annotation is Any:
+        return None
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        allowed: set = set()
+        for arg in typing.get_args(annotation):
+            inner = _annotation_types(arg)
+            if inner is None:
+                return None
+            allowed |= inner
+        return allowed
+    return {origin or annotation}
 
 
 @dataclass
@@ -172,3 +424,9 @@ class RLScriptArguments(StageArguments):
     log_trajectories_steps: int = field(
         default=10, metadata={"help": "Write (and log to W&B) a few full trajectories every N rollouts; 0: never."})
     log_trajectories_count: int = field(default=2, metadata={"help": "Trajectories per table."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.max_context is not None and self.max_context <= self.max_new_tokens:
+            raise ArgumentError("max_context", self.max_context,
+                                f"must exceed max_new_tokens={self.max_new_tokens} (room for a prompt)")

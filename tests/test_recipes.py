@@ -1,17 +1,23 @@
-"""Every recipe under recipes/ parses with its stage's parser (`train_<stage>.make_parser()`).
+"""Every training recipe under recipes/ parses with its stage's parser (`train_<stage>.make_parser()`), and
+each of its values parses exactly as the same value given as a flag.
 
-Stages are discovered from the recipe file names (`recipes/<preset>/<stage>.yaml`); a recipe whose
-stage script is missing fails.
+Stages are discovered from the recipe file names (`recipes/<preset>/<stage>[_variant].yaml`); a recipe whose
+name is neither a training stage with a script nor one of the other tools' recipes fails.
 """
 
 import importlib
+import json
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(ROOT.glob("recipes/*/*.yaml"))
+# Recipes of the other tools, parsed and tested with them.
+OTHER_TOOLS = {"eval": "eval.py (tests/test_eval.py)", "users": "env/users.py (tests/test_users.py)"}
+STAGE_RECIPES = [p for p in RECIPES if p.stem.split("_")[0] not in OTHER_TOOLS]
 
 
 def stage_parser(stage: str):
@@ -19,21 +25,89 @@ def stage_parser(stage: str):
     return importlib.import_module(f"train_{stage}").make_parser()
 
 
+def recipe_id(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def cpu_flags(recipe: Path) -> list[str]:
+    # TrainingArguments refuses bf16 without a GPU unless told it is on CPU
+    return ["--use_cpu", "true"] if not torch.cuda.is_available() and "bf16: true" in recipe.read_text() else []
+
+
 def test_every_stage_has_a_tiny_and_a_gpu_recipe():
-    names = {(p.parent.name, p.stem) for p in RECIPES}
+    names = {(p.parent.name, p.stem) for p in STAGE_RECIPES}
     assert {(preset, stage) for preset in ("tiny", "gpu") for stage in ("cpt", "sft", "rl")} <= names
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("recipe", STAGE_RECIPES, ids=recipe_id)
 def test_recipe_parses(recipe, monkeypatch):
     monkeypatch.chdir(ROOT)
     parser = stage_parser(recipe.stem.split("_")[0])  # rl_long.yaml, rl_2gpu.yaml: variants of stage rl
-    args = ["--config", str(recipe.relative_to(ROOT))]
-    if not torch.cuda.is_available() and "bf16: true" in recipe.read_text():
-        args += ["--use_cpu", "true"]  # TrainingArguments refuses bf16 without a GPU unless told it is on CPU
-    parsed = parser.parse_args_and_config(args)
+    parsed = parser.parse_args_and_config(["--config", str(recipe.relative_to(ROOT)), *cpu_flags(recipe)])
     script_args, training_args, model_args = parsed[:3]
     assert model_args.model_name_or_path, "a recipe names its starting model"
     assert script_args.run, "outputs go under runs/<run>/"
     if recipe.parent.name == "tiny":
         assert training_args.use_cpu and not training_args.bf16 and not training_args.activation_checkpointing
+
+
+def as_flags(recipe: dict) -> list[str]:
+    """The recipe's keys as command-line flags (null and mappings have no flag form: left out)."""
+    flags = []
+    for key, value in recipe.items():
+        if key == "env" or value is None or isinstance(value, dict):
+            continue
+        values = value if isinstance(value, list) else [value]
+        flags += [f"--{key}", *(json.dumps(v) if isinstance(v, bool) else str(v) for v in values)]
+    return flags
+
+
+@pytest.mark.parametrize("recipe", STAGE_RECIPES, ids=recipe_id)
+def test_recipe_values_parse_like_flags(recipe, monkeypatch):
+    """TrlParser hands YAML values to argparse as defaults, which argparse does not convert unless they are
+    strings; RecipeParser types them as their flags would be, so a recipe and a command line agree."""
+    monkeypatch.chdir(ROOT)
+    stage = recipe.stem.split("_")[0]
+    values = yaml.safe_load(recipe.read_text())
+    from_recipe = stage_parser(stage).parse_args_and_config(["--config", str(recipe), *cpu_flags(recipe)])
+    from_flags = stage_parser(stage).parse_args_and_config([*as_flags(values), *cpu_flags(recipe)])
+    for key in values:
+        if key == "env" or values[key] is None or isinstance(values[key], dict):
+            continue
+        got = [getattr(args, key) for args in from_recipe if hasattr(args, key)]
+        want = [getattr(args, key) for args in from_flags if hasattr(args, key)]
+        assert got == want, f"{recipe_id(recipe)}: {key}: recipe gives {got!r}, the flag gives {want!r}"
+        assert [type(v) for v in got] == [type(v) for v in want], key
+
+
+def test_a_recipe_value_of_the_wrong_type_names_file_key_and_type(tmp_path, capsys):
+    import train_rl
+
+    recipe = tmp_path / "rl.yaml"
+    for text, problem in [("max_steps: 1.5\n", "max_steps 1.5: must be an integer"),
+                          ("learning_rate: [1.0e-5]\n", "learning_rate [1e-05]: must be a number, not a list"),
+                          ("malformed_handling: dorp\n", "malformed_handling 'dorp': must be one of penalize, drop"),
+                          ("vllm_mode: on\n", "vllm_mode True: must be a string, not a boolean"),
+                          ("use_peft: maybe\n", "use_peft 'maybe': must be a boolean"),
+                          ("reward_weights: [1.0, heavy]\n", "reward_weights [1.0, 'heavy']: must be a list of numbers"),
+                          ("max_turns: -1\n", "max_turns -1: must be at least 1"),
+                          ("learning_rate: null\n", "learning_rate None: must be a number, not null")]:
+        recipe.write_text(text)
+        with pytest.raises(SystemExit) as exit_info:
+            train_rl.make_parser().parse_args_and_config(["--config", str(recipe), "--use_cpu", "true"])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1, err
+        assert f"error: {recipe}: {problem}" in err, err
+
+
+def test_recipe_strings_and_scalars_are_typed(tmp_path):
+    import train_rl
+
+    recipe = tmp_path / "rl.yaml"
+    recipe.write_text("learning_rate: 3e-6\nmax_steps: '7'\nreward_funcs: outcome\nreward_weights: [1]\n"
+                      "use_peft: 'yes'\n")
+    script_args, training_args, model_args = train_rl.make_parser().parse_args_and_config(
+        ["--config", str(recipe), "--use_cpu", "true"])
+    assert training_args.learning_rate == 3e-6 and training_args.max_steps == 7  # YAML reads 3e-6 as a string
+    assert script_args.reward_funcs == ["outcome"] and training_args.reward_weights == [1.0]
+    assert model_args.use_peft is True
