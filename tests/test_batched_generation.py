@@ -333,3 +333,21 @@ def test_gpu_check_fails_clearly_without_cuda_or_with_bad_arguments(tmp_path):
     assert bad.returncode == 2 and "unknown option --fast" in bad.stderr
     missing = _gpu_check(tmp_path, str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no config.json" in missing.stderr
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # inside peft
+def test_a_borrowed_peft_model_generates_like_its_merged_weights(policy, prompts):
+    """RL with LoRA and in-process rollouts hands over a PeftModel in train mode."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(policy.model.config._name_or_path)
+    lora = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora.train()
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    results = TransformersGenerator(lora, policy.stop_ids, borrowed=True).generate(prompts, [1, 2, 3, 4], sampling)
+    assert lora.training and all(p.grad is None for p in lora.parameters())
+    merged = lora.merge_and_unload().eval()
+    expected = TransformersGenerator(merged, policy.stop_ids).generate(prompts, [1, 2, 3, 4], sampling)
+    assert [r.ids for r in results] == [e.ids for e in expected]
+    assert all(r.logprobs == pytest.approx(e.logprobs, abs=1e-4) for r, e in zip(results, expected, strict=True))
