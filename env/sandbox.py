@@ -83,6 +83,10 @@ What is NOT covered:
 - The workspace itself is fully writable: the agent can delete or corrupt it and plant symlinks in
   it (`workspace.resolve_in` and `workspace.overlay` defend the harness side).
 - Host uid 65534 is shared with any other service running as nobody on the machine.
+- Run as root: the command inherits bwrap's fd of `_root_userns` (fd 3). It cannot use it (joining
+  needs capabilities in that namespace, and it has none). Bind sources below a directory owned by a
+  third uid and closed to others (e.g. a workspace under /home/alice, mode 0700) cannot be reached by
+  the namespace's root: such runs fail with bwrap's error.
 - The stale-owner sweeps assume the harnesses sharing a directory / cgroup tree share a pid
   namespace; a live harness in another pid namespace could have its leftovers taken for dead.
 - Root without setpriv or unshare (util-linux): bwrap maps the sandbox to HOST ROOT as before (a
