@@ -274,3 +274,47 @@ def trajectory_report(traj, marked_turns=()) -> GroundingReport:
     """`grounding_report` for an env.episode.Trajectory (or its dict form)."""
     data = traj if isinstance(traj, dict) else {"messages": traj.messages, "turns": traj.turns}
     return grounding_report(data["messages"], data["turns"], marked_turns)
+
+
+def measure(tasks_dir: str, seeds: int = 1, workers: int = 2) -> dict[str, dict]:
+    """Run the oracle (`seeds` variants per task) on a task set; per-family solve counts and grounding."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from env.episode import run_episode
+    from env.policies import OraclePolicy
+    from env.tasks import load_task_set
+
+    def one(job):
+        task, seed = job
+        policy = OraclePolicy(seed=seed)
+        traj = run_episode(task, policy)
+        return task.meta.get("family", "?"), traj.solved, trajectory_report(traj, policy.marked_turns)
+
+    reports: dict[str, GroundingReport] = {}
+    solved: Counter = Counter()
+    episodes: Counter = Counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        jobs = [(t, s) for t in load_task_set(tasks_dir) for s in range(seeds)]
+        for family, ok, report in pool.map(one, jobs):
+            reports[family] = reports.get(family, GroundingReport()).merge(report)
+            solved[family] += ok
+            episodes[family] += 1
+    return {f: {"solved": f"{solved[f]}/{episodes[f]}", **reports[f].summary()} for f in sorted(reports)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="The oracle's grounded rate per family on a task set.")
+    parser.add_argument("--tasks", required=True, help="a task set directory (e.g. artifacts/data/tasks/train)")
+    parser.add_argument("--seeds", type=int, default=1, help="oracle variants per task")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args(argv)
+    for family, row in measure(args.tasks, args.seeds, args.workers).items():
+        print(family, json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
