@@ -168,7 +168,7 @@ def _copy_tree(src: Path, dst: Path) -> None:
                 pending.append((source, target))
                 finish.append((target, st))
             elif stat.S_ISREG(st.st_mode):  # FIFOs, sockets, device nodes: never part of a task's code
-                _copy_file(source, target, st)
+                _copy_file(source, target)
                 _copy_mode_and_times(target, st)
     for target, st in reversed(finish):  # children before parents: a parent's mtime is set last
         _copy_mode_and_times(target, st)
@@ -189,7 +189,7 @@ def _scandir(path: str | Path) -> list[os.DirEntry]:
             return list(it)
 
 
-def _copy_file(source: str, target: str, st: os.stat_result) -> None:
+def _copy_file(source: str, target: str) -> None:
     try:
         shutil.copyfile(source, target, follow_symlinks=False)
     except PermissionError:  # a file the agent made unreadable (only non-root callers get here)
