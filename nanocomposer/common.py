@@ -75,8 +75,11 @@ def prepare_output_dir(script_args, training_args, stage: str) -> tuple[Path, st
     whose save was cut short (`kill -9`, a full disk) is never resumed from: `--resume` takes the newest
     complete one (`checkpoint_problem`) and moves the incomplete ones aside, saying so.
     """
+    other = "another --run"
     if training_args.output_dir in (None, "trainer_output"):  # "trainer_output": TrainingArguments' default
         training_args.output_dir = str(Path(script_args.runs_dir) / script_args.run / stage)
+    else:
+        other = "another --output_dir"
     output_dir = Path(training_args.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"output dir {output_dir}: exists and is not a directory")
@@ -87,19 +90,18 @@ def prepare_output_dir(script_args, training_args, stage: str) -> tuple[Path, st
     incomplete = [path for path in checkpoints if problems[path] is not None]
     if script_args.resume:
         return output_dir, resume_checkpoint(output_dir, stage, complete, incomplete, problems)
-    other = " or --output_dir" if script_args.run not in output_dir.parts else ""
     if complete is not None:
         also = f" (and incomplete {', '.join(p.name for p in incomplete)})" if incomplete else ""
         raise ConfigError(f"{output_dir} already holds {complete.name}{also}; pass --resume to continue from it "
-                          f"or choose another --run{other}")
+                          f"or choose {other}")
     if incomplete:
         raise ConfigError(f"{output_dir} holds only incomplete checkpoints from an interrupted run "
                           f"({describe_problems(incomplete, problems)}); pass --resume to move them aside and "
-                          f"start over, or choose another --run{other}")
+                          f"start over, or choose {other}")
     finished = [name for name in WEIGHT_FILES if (output_dir / name).is_file()]
     if finished:
-        raise ConfigError(f"{output_dir} already holds a finished model ({finished[0]}); choose another "
-                          f"--run{other}, or move it away first")
+        raise ConfigError(f"{output_dir} already holds a finished model ({finished[0]}); choose {other}, "
+                          "or move it away first")
     return output_dir, None
 
 

@@ -11,6 +11,7 @@ or the traceback and 1). `test_plain_subprocess_matches_the_forked_run` checks o
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -233,14 +234,25 @@ def cpt_flags(inputs: Path, runs: Path, *extra: str) -> list[str]:
             *extra]
 
 
-def test_resume_skips_incomplete_checkpoints_and_says_so(inputs, tmp_path, capsys):
+def run_cpt(inputs: Path, runs: Path, *extra: str) -> dict:
     import train_cpt
 
-    def run(*extra):
-        return train_cpt.main(*train_cpt.make_parser().parse_args_and_config(cpt_flags(inputs, tmp_path, *extra)))
+    return train_cpt.main(*train_cpt.make_parser().parse_args_and_config(cpt_flags(inputs, runs, *extra)))
 
-    run("--max_steps", "2")
+
+@pytest.fixture(scope="module")
+def cpt_run(inputs, tmp_path_factory) -> Path:
+    """The output dir of a 2-step CPT run that saved checkpoint-1 and checkpoint-2 (tests copy it)."""
+    runs = tmp_path_factory.mktemp("cpt_run")
+    run_cpt(inputs, runs, "--max_steps", "2")
+    return runs / "t" / "cpt"
+
+
+def test_resume_skips_incomplete_checkpoints_and_says_so(inputs, cpt_run, tmp_path, capsys, monkeypatch):
+    import train_cpt
+
     out = tmp_path / "t" / "cpt"
+    shutil.copytree(cpt_run, out)
     # What a kill -9 during the saves of steps 2 and 3 leaves: weights cut short, and a bare directory.
     weights = out / "checkpoint-2" / "model.safetensors"
     cut = weights.stat().st_size // 2
@@ -250,16 +262,53 @@ def test_resume_skips_incomplete_checkpoints_and_says_so(inputs, tmp_path, capsy
 
     with pytest.raises(SystemExit, match=r"already holds checkpoint-1 \(and incomplete checkpoint-3, checkpoint-2\); "
                                          r"pass --resume"):
-        run("--max_steps", "4")
+        run_cpt(inputs, tmp_path, "--max_steps", "4")
     assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
 
-    metrics = run("--max_steps", "4", "--resume", "true")
+    resumed_from = []
+    train = train_cpt.PackedCausalLMTrainer.train
+
+    def recording_train(self, *args, **kwargs):
+        resumed_from.append(kwargs.get("resume_from_checkpoint"))
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(train_cpt.PackedCausalLMTrainer, "train", recording_train)
+    metrics = run_cpt(inputs, tmp_path, "--max_steps", "4", "--resume", "true")
     stdout = capsys.readouterr().out
+    assert resumed_from == [str(out / "checkpoint-1")] and metrics["global_step"] == 4
     assert f"--resume: resuming from {out / 'checkpoint-1'} (step 1)" in stdout
     assert "skipping incomplete checkpoint-2 (model.safetensors is truncated or corrupt" in stdout
     assert "skipping incomplete checkpoint-3 (no trainer_state.json" in stdout
-    assert metrics["global_step"] == 4
     # moved aside, not deleted: the cut-short weights are still there for a post-mortem
     assert (out / "incomplete-checkpoint-2" / "model.safetensors").stat().st_size == cut
     assert (out / "incomplete-checkpoint-3").is_dir()
     assert (out / "checkpoint-4" / "trainer_state.json").is_file() and (out / "model.safetensors").is_file()
+
+
+def truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+DAMAGES = [  # what a save cut short (or a copy cut short) can leave, and how checkpoint_problem names it
+    ("no_trainer_state", lambda c: (c / "trainer_state.json").unlink(), "no trainer_state.json"),
+    ("trainer_state_cut", lambda c: (c / "trainer_state.json").write_text('{"global_step": 1,'),
+     "trainer_state.json is not valid JSON"),
+    ("other_step", lambda c: (c / "trainer_state.json").write_text('{"global_step": 7}'),
+     "does not record global_step 1"),
+    ("no_weights", lambda c: (c / "model.safetensors").unlink(), "no weights"),
+    ("weights_empty", lambda c: (c / "model.safetensors").write_bytes(b""), "model.safetensors is truncated"),
+    ("no_optimizer", lambda c: (c / "optimizer.pt").unlink(), "no optimizer.pt"),
+    ("optimizer_cut", lambda c: truncate(c / "optimizer.pt"), "optimizer.pt is truncated"),
+    ("scheduler_cut", lambda c: truncate(c / "scheduler.pt"), "scheduler.pt is truncated"),
+    ("rng_state_cut", lambda c: truncate(c / "rng_state.pth"), "rng_state.pth is truncated"),
+]
+
+
+@pytest.mark.parametrize("damage, expected", [(d[1], d[2]) for d in DAMAGES], ids=[d[0] for d in DAMAGES])
+def test_checkpoint_problem_names_what_is_missing_or_cut(cpt_run, tmp_path, damage, expected):
+    from nanocomposer.common import checkpoint_problem
+
+    checkpoint = shutil.copytree(cpt_run / "checkpoint-1", tmp_path / "checkpoint-1")
+    assert checkpoint_problem(checkpoint) is None  # what the Trainer wrote is complete
+    damage(checkpoint)
+    assert expected in (checkpoint_problem(checkpoint) or "complete")
