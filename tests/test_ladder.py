@@ -55,8 +55,12 @@ def test_every_rung_builds_in_every_split(ladder_build):
 
 
 def test_gold_solves_and_noop_fails_every_built_task(ladder_build, tmp_path):
-    out, _ = ladder_build
-    for task in load_task_set(out):
+    """The build grades every candidate (noop must fail, gold must pass) and keeps only those that do;
+    here the held-out test split is graded again, independently of the build."""
+    out, manifest = ladder_build
+    tasks = load_task_set(out)
+    assert sum(manifest["candidates"][f]["accepted"] for f in LADDER) == len(tasks)
+    for task in load_task_set(out / "test"):
         assert not grade(task, task.repo_dir, "").solved, f"noop solves {task.id}"
         workspace = tmp_path / task.id
         shutil.copytree(task.repo_dir, workspace)
