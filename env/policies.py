@@ -7,8 +7,10 @@ policies (a `from_pretrained` directory) live in `nanocomposer/` and register th
     gold          applies the task's gold.patch through edit_file, runs the tests, submits
     noop          submits at once (the floor every task must fail)
     replay:FILE   replays raw assistant turns from FILE (a JSON list of strings, or a saved trajectory)
-    oracle        a scripted expert: tests, search/grep, parallel reads, edits, lint, re-run, submit,
-                  with seeded variety. It writes the SFT data.
+    oracle        a scripted expert that reacts to what it has seen: tests, search/grep, parallel reads,
+                  edits, lint, re-run, submit, with seeded variety. Every argument it writes comes from
+                  the instruction, the file list or an earlier tool result (data/grounding.py checks
+                  that), except its marked near-miss edits. It writes the SFT data.
 """
 
 from __future__ import annotations
