@@ -315,7 +315,8 @@ def save_dataset(tasks_by_split: dict[str, list[Task]], dest: Path) -> None:
 
     features = Features({c: Value("int64") if c == "timeout_s" else Value("string") for c in DATASET_COLUMNS})
     rows = {s: [row_from_task(t) for t in tasks] for s, tasks in tasks_by_split.items()}
-    DatasetDict({s: Dataset.from_list(r, features=features) for s, r in rows.items()}).save_to_disk(str(dest))
+    # an empty split (a ladder-only build without train tasks) is left out: datasets saves it but cannot load it
+    DatasetDict({s: Dataset.from_list(r, features=features) for s, r in rows.items() if r}).save_to_disk(str(dest))
 
 
 def unit_size(args: argparse.Namespace, split: str, family: str) -> int:

@@ -423,7 +423,7 @@ class OraclePolicy:
         if not shown and (whole_fits or not cited):
             near = [c for c in cited if lo - 25 <= c <= hi + 25]
             if near and self.rng.random() < 0.5:
-                return self._read_around(seen, path, min(near, key=lambda c: abs(c - lo)), (lo, hi)) or \
+                return self._read_around(seen, path, min(near, key=lambda c: abs(c - lo))) or \
                     _call("read_file", path=path)
             return _call("read_file", path=path)
         if not cited:
@@ -436,15 +436,17 @@ class OraclePolicy:
         end = min(c for c in cited if c >= first_unseen)
         return _call("read_file", path=path, start_line=self._page_start(source, end), end_line=end)
 
-    def _read_around(self, seen: _Seen, path: str, anchor: int | None, span: tuple[int, int] | None = None):
-        """read_file of a few lines around a cited line `anchor` (and covering `span`), or None."""
+    def _read_around(self, seen: _Seen, path: str, anchor: int | None):
+        """read_file of a window around a line `anchor` that a result cited, or None when none was cited.
+
+        The window follows from the anchor alone (a few lines before it, a page after it); when the text
+        the oracle needs lies beyond it, the next turn pages on from what this read showed.
+        """
         if not anchor or anchor not in seen.cited.get(path, set()):
             return None
-        lo, hi = span or (anchor, anchor)
-        start = max(1, min(anchor, lo) - self.rng.randint(2, 6))
-        end = max(anchor, hi) + self.rng.randint(3, 10)
+        start = max(1, anchor - self.rng.randint(2, 6))
         source = (self.task.repo_dir / path).read_text().splitlines()
-        end = min(end, self._page_end(source, start), max(anchor, hi) + 40)
+        end = min(self._page_end(source, start), anchor + self.rng.randint(15, 40))
         return _call("read_file", path=path, start_line=start, end_line=max(end, anchor))
 
     def _page_end(self, source: list[str], start: int) -> int:

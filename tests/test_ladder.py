@@ -154,3 +154,14 @@ def test_answer_checker_wants_the_exact_answer(tmp_path):
     assert not passes(where, "pkg/a.py:12 and pkg/b.py:3")
     path_only = ladder.answer_checker("pkg/a.py", [], False, ["pkg/a.py", "pkg/b.py"])
     assert passes(path_only, "pkg/a.py") and not passes(path_only, "pkg/b.py")
+
+
+def test_a_ladder_only_build_may_leave_a_split_empty(ladder_build, tmp_path):
+    from datasets import load_from_disk
+
+    from data.build_tasks import save_dataset
+
+    out, _ = ladder_build
+    save_dataset({"train": [], "val": load_task_set(out / "val"), "test": []}, tmp_path / "dataset")
+    dataset = load_from_disk(str(tmp_path / "dataset"))
+    assert list(dataset) == ["val"] and len(dataset["val"]) == len(LADDER)
