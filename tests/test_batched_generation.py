@@ -177,6 +177,24 @@ def test_each_row_sees_the_positions_it_would_see_alone(policy, prompts, padded)
         [[n, n + 1] for n in lengths]
 
 
+def test_a_repeated_prompt_is_prefilled_once_and_each_copy_samples_from_its_seed(policy, prompts):
+    generator = _generator(policy)
+    prefills = []
+    hook = policy.model.register_forward_pre_hook(
+        lambda module, args, kwargs: prefills.append(kwargs["input_ids"].shape[1]) if kwargs.get("cache") is not None
+        and kwargs["cache"].get_seq_length() == 0 else None, with_kwargs=True)
+    group = [prompts[1], prompts[2], prompts[1], prompts[1]]  # G = 3 samples of one prompt, and another
+    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0)
+    try:
+        results = generator.generate(group, [5, 6, 7, 8], sampling)
+    finally:
+        hook.remove()
+    assert sorted(prefills) == sorted([len(prompts[1]), len(prompts[2])])
+    for prompt, seed, result in zip(group, [5, 6, 7, 8], results, strict=True):
+        assert generator.generate([prompt], [seed], sampling)[0].ids == result.ids
+    assert len({tuple(results[i].ids) for i in (0, 2, 3)}) > 1  # different seeds, different samples
+
+
 def test_small_token_budget_splits_into_batches_with_the_same_results(policy, prompts):
     sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
     seeds = [1, 2, 3, 4]
