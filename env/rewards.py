@@ -169,6 +169,36 @@ def make_failed_actions(penalize_questions: bool = True) -> RewardFunc:
     return failed_actions
 
 
+# --------------------------------------------------------------------------- live sessions (real-time RL)
+# Components of the agent server's sessions (nanocomposer/realtime): the facts also hold `live`, what the user
+# did with the session by the cycle's cut-off: {"kept", "reverted", "dissatisfied"} (booleans; `dissatisfied`:
+# a dissatisfied follow-up or the user gave up). Malformed calls, latency and ask_user (`failed_actions`, with
+# the hack-2 switch) are the components above, read from the same facts.
+
+
+def _live(kwargs: dict, name: str) -> list[dict]:
+    facts = _facts(kwargs, name)
+    if any("live" not in e for e in facts):
+        raise KeyError(f"reward {name!r} reads the user's feedback (facts['live']), which only agent-server "
+                       "sessions have (nanocomposer/realtime); it cannot score offline rollouts")
+    return [e["live"] for e in facts]
+
+
+def edit_kept(completions, **kwargs) -> list[float]:
+    """1 when the user kept the session's edit (Composer's "edits that persist"), else 0."""
+    return [1.0 if live["kept"] else 0.0 for live in _live(kwargs, "edit_kept")]
+
+
+def edit_reverted(completions, **kwargs) -> list[float]:
+    """-1 when the user applied the session's edit and reverted it."""
+    return [-1.0 if live["reverted"] else 0.0 for live in _live(kwargs, "edit_reverted")]
+
+
+def dissatisfied(completions, **kwargs) -> list[float]:
+    """-1 when the user sent a dissatisfied follow-up or gave up waiting."""
+    return [-1.0 if live["dissatisfied"] else 0.0 for live in _live(kwargs, "dissatisfied")]
+
+
 REWARDS: dict[str, RewardFunc] = {
     "outcome": outcome,
     "outcome_partial": outcome_partial,
@@ -180,6 +210,9 @@ REWARDS: dict[str, RewardFunc] = {
     "lint": lint,
     "failed_actions": make_failed_actions(penalize_questions=True),
     "truncated": truncated,
+    "edit_kept": edit_kept,
+    "edit_reverted": edit_reverted,
+    "dissatisfied": dissatisfied,
 }
 
 

@@ -1,0 +1,83 @@
+"""realtime_rl.py's own arguments (the trainer's are TRL's GRPOConfig, the model's trl.ModelConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nanocomposer.config import ArgumentError, StageArguments
+
+STALE_SESSIONS = ("drop", "importance_weight")
+BASELINES = ("family", "batch")
+
+
+@dataclass
+class RealtimeArguments(StageArguments):
+    """The loop: traffic, collection, rewards, update, gate, rollback (nanocomposer/realtime)."""
+
+    cycles: int = field(default=5, metadata={"help": "Cycles to run (a resumed loop counts the ones done)."})
+    traffic_tasks: str = field(default="factory:val", metadata={
+        "help": "What the simulated users ask for (env/task_sets.py names or a directory); never the gate's."})
+    gate_tasks: str = field(default="factory:test", metadata={
+        "help": "Held-out tasks of the gate (harness-native benchmark); must not overlap traffic_tasks."})
+    gate_task_limit: int | None = field(default=None, metadata={"help": "Gate on the first N gate tasks."})
+    users_recipe: str = field(default="recipes/tiny/users.yaml", metadata={"help": "env/users.py population."})
+    sessions_per_cycle: int = field(default=40, metadata={"help": "User conversations per cycle (follow-ups on top)."})
+    serve_minutes: float | None = field(default=None, metadata={
+        "help": "Stop the cycle's traffic after this many minutes even if sessions remain (None: no limit)."})
+    server_workers: int = field(default=2, metadata={"help": "agent.py serve --workers."})
+    max_turns: int = field(default=8, metadata={"help": "Turn budget per session and per gate episode."})
+    max_new_tokens: int = field(default=128, metadata={"help": "Generated tokens per turn."})
+    session_timeout_s: float = field(default=120.0, metadata={
+        "help": "Wall-clock budget per session; also what the `latency` reward divides by."})
+    backend: str = field(default="auto", metadata={"help": "Generation backend of server and gate.",
+                                                   "choices": ["auto", "transformers", "vllm"]})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["edit_kept", "edit_reverted", "dissatisfied", "latency", "malformed",
+                                 "failed_actions"],
+        metadata={"help": "Components from env/rewards.py's REWARDS; weights in `reward_weights`."})
+    malformed_handling: str = field(default="penalize", metadata={
+        "help": "penalize: each malformed call is an explicit negative. drop: sessions with one leave training "
+                "(hack 1).", "choices": ["penalize", "drop"]})
+    ask_user_handling: str = field(default="penalize", metadata={
+        "help": "penalize: ask_user costs like a failed edit. free: questions cost nothing while reverted edits "
+                "do (hack 2).", "choices": ["penalize", "free"]})
+    stale_sessions: str = field(default="drop", metadata={
+        "help": "Sessions served by another version than current: drop them (counted), or train on them with "
+                "their sampling logprobs as the PPO ratio's denominator (importance_weight).",
+        "choices": list(STALE_SESSIONS)})
+    truncated_sessions: str = field(default="keep", metadata={
+        "help": "Sessions cut by a token limit: keep (trained; the user's verdict already scores them) or mask "
+                "(no loss on them, train_rl.py's default).", "choices": ["keep", "mask"]})
+    baseline: str = field(default="family", metadata={
+        "help": "Who a session is compared with (one sample per prompt): sessions of its task family (family) "
+                "or of its step (batch).", "choices": list(BASELINES)})
+    on_policy_tolerance: float = field(default=1e-3, metadata={
+        "help": "Largest |sampling logprob - trainer logprob| on a model token before the cycle warns."})
+    gate_samples: int = field(default=1, metadata={"help": "Episodes per gate task."})
+    gate_workers: int = field(default=4, metadata={"help": "Gate episodes live at once."})
+    gate_temperature: float = field(default=0.0, metadata={"help": "Gate sampling temperature (0: greedy)."})
+    gate_solve_margin: float = field(default=0.0, metadata={
+        "help": "Refuse when the solve-rate difference's 95% interval lies wholly below -margin."})
+    gate_max_malformed_increase: float = field(default=0.02, metadata={"help": "Malformed-call rate may rise this much."})
+    gate_max_ask_user_increase: float = field(default=0.05, metadata={"help": "ask_user rate may rise this much."})
+    gate_max_edit_rate_drop: float = field(default=0.05, metadata={"help": "Edit rate may fall this much."})
+    rollback_margin: float = field(default=0.0, metadata={
+        "help": "Roll back when a promoted version's persisting-edit rate is below its parent's (or its "
+                "dissatisfied rate above) with the 95% interval of the difference beyond this margin."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("cycles", "sessions_per_cycle", "server_workers", "gate_samples", "gate_workers"):
+            if getattr(self, name) < 1:
+                raise ArgumentError(name, getattr(self, name), "must be at least 1")
+        if self.gate_task_limit is not None and self.gate_task_limit < 1:
+            raise ArgumentError("gate_task_limit", self.gate_task_limit, "must be at least 1")
+        for name in ("session_timeout_s", "on_policy_tolerance"):
+            if not getattr(self, name) > 0:
+                raise ArgumentError(name, getattr(self, name), "must be > 0")
+        if self.serve_minutes is not None and not self.serve_minutes > 0:
+            raise ArgumentError("serve_minutes", self.serve_minutes, "must be > 0 (or null: no limit)")
+        for name in ("gate_temperature", "gate_solve_margin", "gate_max_malformed_increase",
+                     "gate_max_ask_user_increase", "gate_max_edit_rate_drop", "rollback_margin"):
+            if not getattr(self, name) >= 0:
+                raise ArgumentError(name, getattr(self, name), "must be >= 0")

@@ -1,0 +1,125 @@
+"""The loop's processes: `agent.py serve` (one for the whole loop) and the simulated users (one per cycle).
+
+Both are real processes talking HTTP, as in production. Each is started with PR_SET_PDEATHSIG, so a killed
+loop (kill -9 included) takes them with it and a restarted loop starts fresh ones on the same database and
+registry (the server marks sessions it was running `interrupted`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PR_SET_PDEATHSIG = 1
+
+
+class ServerError(RuntimeError):
+    """The agent server did not start or answered with an error; the message says which."""
+
+
+try:  # loaded here, in the parent: between fork and exec the child only makes the one call
+    _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except OSError:  # not glibc: the children then outlive a kill -9 of the loop (a clean stop still ends them)
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class AgentServer:
+    """`agent.py serve --port 0` on `registry` and `db`; `url` once healthy."""
+
+    def __init__(self, registry: Path, db: Path, *, workers: int, max_turns: int, max_new_tokens: int,
+                 temperature: float, session_timeout_s: float, backend: str, log: Path, start_timeout_s: float = 120):
+        cmd = [sys.executable, str(REPO_ROOT / "agent.py"), "serve", "--port", "0", "--registry", str(registry),
+               "--db", str(db), "--workers", str(workers), "--max-turns", str(max_turns),
+               "--max-new-tokens", str(max_new_tokens), "--temperature", repr(float(temperature)),
+               "--session-timeout-s", repr(float(session_timeout_s)), "--answer-timeout-s", "30",
+               "--backend", backend, "--max-queue", "1024"]
+        self.log_file = open(log, "a")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self.log_file, text=True,
+                                     preexec_fn=_die_with_parent)  # noqa: PLW1509 (one prctl call, no locks)
+        line = self.proc.stdout.readline()
+        if "agent server on http://" not in line:
+            self.stop()
+            raise ServerError(f"agent.py serve did not start (first line {line.strip()!r}; log {log})")
+        self.url = line.split()[3]
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            try:
+                if self.http.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise ServerError(f"agent server at {self.url} never became healthy (log {log})")
+            time.sleep(0.2)
+
+    def current(self) -> str | None:
+        return self.http.get("/admin/versions").json()["current"]
+
+    def promote(self, version: str) -> None:
+        r = self.http.post("/admin/promote", json={"version": version})
+        if r.status_code != 200:
+            raise ServerError(f"POST /admin/promote {version!r}: {r.status_code} {r.json().get('error')}")
+
+    def idle(self) -> bool:
+        health = self.http.get("/health").json()
+        return health["queued"] == 0 and health["running"] == 0
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self.idle():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+        return True
+
+    def stop(self) -> None:
+        if getattr(self, "http", None) is not None:
+            self.http.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.log_file.close()
+
+
+def run_users(url: str, tasks: str, sessions: int, *, recipe: str, seed: int, offset: int, report: Path,
+              log: Path, timeout_s: float | None = None) -> dict:
+    """`sessions` conversations of simulated users (nanocomposer/realtime/traffic.py, its own process).
+
+    With `timeout_s` the users are stopped when it passes (their open sessions run on in the server and are
+    collected if they end before the cut-off). Returns the users' report, or {"stopped": True} when cut short.
+    """
+    cmd = [sys.executable, "-m", "nanocomposer.realtime.traffic", "--server", url, "--tasks", tasks,
+           "--sessions", str(sessions), "--recipe", recipe, "--seed", str(seed), "--offset", str(offset),
+           "--report", str(report)]
+    with open(log, "a") as log_file:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log_file, stderr=log_file,
+                                preexec_fn=_die_with_parent)  # noqa: PLW1509 (one prctl call, no locks)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+            return {"stopped": True, "after_s": timeout_s}
+    if rc != 0:
+        raise ServerError(f"simulated users exited with status {rc} (log {log})")
+    return json.loads(report.read_text())
