@@ -109,7 +109,7 @@ def run_isolated(run: Callable[[list[int]], list[Result]], indices: list[int]) -
 
 def length_batches(lengths: Sequence[int], max_new_tokens: int, max_batch_tokens: int,
                    max_batch_size: int) -> list[list[int]]:
-    """Indices of the prompts grouped into batches: longest first, each batch within the padded-token budget.
+    """Indices of the prompts grouped into batches: longest first, each batch within the cache-position budget.
 
     A batch's cost is rows x (its longest prompt + max_new_tokens); a prompt over the budget alone is a batch
     of one (it runs, as it would unbatched).
@@ -260,17 +260,17 @@ class TransformersGenerator:
 
         Row by row (the default): each distinct prompt runs alone, unpadded (exactly the forward it would get
         alone), and its KV states are copied right-aligned into a preallocated batch cache (into every row that
-        holds the same prompt). Padded: one forward over
-        the left-padded batch, position ids counted from the mask (`cumsum(mask) - 1`).
+        holds the same prompt). Padded: one forward over the left-padded batch, position ids counted from the
+        mask (`cumsum(mask) - 1`).
         """
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
         device, rows = self.device, len(prompts)
         width = max(len(p) for p in prompts)
         mask = torch.zeros((rows, width), dtype=torch.long, device=device)
         for r, prompt in enumerate(prompts):
             mask[r, width - len(prompt):] = 1
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
         config = self.model.config
         cache = DynamicCache(config=config)
         if not self.padded_prefill and cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
