@@ -363,6 +363,32 @@ class Runner:
                 slot.episode.close()
 
 
+def _run_facts_path(path: Path) -> Path:
+    return path.with_name(path.name + ".run.json")
+
+
+def _check_run_facts(path: Path, facts: dict) -> None:
+    """Refuse to resume `path` under settings other than those its episodes were played with."""
+    try:
+        saved = json.loads(_run_facts_path(path).read_text())
+    except FileNotFoundError:
+        return  # nothing recorded (a file from elsewhere): the policy check below still applies
+    except (OSError, ValueError) as e:
+        raise ResultsFileError(f"{_run_facts_path(path)}: {e}") from None
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    before, now = flat(saved), flat(facts)
+    for key in sorted(before.keys() | now.keys()):
+        if before.get(key) != now.get(key):
+            raise ResultsFileError(f"results file {str(path)!r} was played with {key}={before.get(key)!r}, this run "
+                                   f"has {key}={now.get(key)!r}: resume with the same settings, or start a new file")
+
+
 def _loaded(ref: TaskRef) -> TaskRef:
     """`ref` with its task loaded when it is a directory that loads (records then carry the task's own id);
     one that does not stays a path and becomes an invalid_task record when its episode starts."""
@@ -381,12 +407,14 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
               results_path: str | Path | None = None, resume: bool = False, progress: bool = True,
               on_result: Callable[[dict, Trajectory | None], None] | None = None,
               seed_policy: Callable[[object, int], None] = default_seed_policy, token_ids: bool = False,
-              batch_wait_s: float = 0.05, desc: str = "episodes") -> list[dict]:
+              batch_wait_s: float = 0.05, desc: str = "episodes", run_facts: dict | None = None) -> list[dict]:
     """Play every task `samples` times; the records, task-major and sample-minor (module docstring).
 
     `on_result(record, trajectory)` is called on this thread as each episode finishes (trajectory None for a
-    failed record). Raises `Interrupted` on SIGINT/SIGTERM, `ResultsFileError` for a results file that cannot
-    be resumed; every other failure becomes a failed record.
+    failed record). `run_facts` (JSON: e.g. the policy spec and its sampling settings) join the episode budgets
+    and the seed in `<results_path>.run.json`; resuming with other facts is refused, so a results file never
+    mixes episodes played under different settings. Raises `Interrupted` on SIGINT/SIGTERM, `ResultsFileError`
+    for a results file that cannot be resumed; every other failure becomes a failed record.
     """
     from tqdm import tqdm
 
@@ -397,11 +425,11 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
     jobs = [_Job(i * samples + s, ref, s, seed + s) for i, ref in enumerate(refs) for s in range(samples)]
     path = Path(results_path) if results_path is not None else None
     wanted = {job.key for job in jobs}
+    facts = json.loads(json.dumps({"episode": config.budgets(), "seed": seed, **(run_facts or {})}))
     done: dict[tuple, dict] = {}
     if path is not None and resume:
+        _check_run_facts(path, facts)
         done = {record_key(r): r for r in read_results(path, repair=True) if record_key(r) in wanted}
-    elif path is not None:
-        path.write_text("")
     todo = [job for job in jobs if job.key not in done]
     sweep_leftovers()
     runner = Runner(todo, make_policy, config, concurrency=min(concurrency, max(1, len(todo))),
@@ -412,6 +440,10 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
         if name is not None and others:
             raise ResultsFileError(f"results file {str(path)!r} holds episodes of policy {min(map(str, others))!r}, "
                                    f"not {name!r}: resume with the same policy, or start a new file")
+    if path is not None:
+        if not resume:
+            path.write_text("")  # a fresh run (only now: a policy that fails to build has not cost the old file)
+        _run_facts_path(path).write_text(json.dumps(facts, indent=1, sort_keys=True))
     bar = tqdm(total=len(jobs), initial=len(done), desc=desc, unit="episode", disable=not progress)
     out = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115 (closed below)
 

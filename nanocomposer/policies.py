@@ -105,7 +105,9 @@ def run_policy(spec: str, tasks: list, config, sampling: dict | None = None, *, 
         records = run_tasks(tasks, (lambda: build_policy(spec)) if policy is None else (lambda: policy), config,
                             samples=samples, seed=seed, concurrency=workers, results_path=results_path,
                             resume=resume, progress=progress, seed_policy=seed_policy, token_ids=token_ids,
-                            desc=f"eval {policy_label(spec)}")
+                            desc=f"eval {policy_label(spec)}",
+                            run_facts={"policy": spec, "backend": backend if policy is not None else None,
+                                       "sampling": sampling if policy is not None else None})
     finally:
         if policy is not None and hasattr(policy, "close"):
             policy.close()

@@ -246,6 +246,7 @@ def test_resume_continues_from_the_episodes_file(two_tasks, tmp_path):
     assert [r["episode_key"] for r in resumed["tasks"]] == [r["episode_key"] for r in whole["tasks"]]
     assert resumed["tasks"][2] == whole["tasks"][2]  # kept, not replayed
     assert resumed["summary"]["solved"] == whole["summary"]["solved"] == 4
+    assert run(*argv, "--resume", "--max-turns", "3") == 2  # other settings would mix into the same file
 
 
 def test_an_eval_record_is_a_replay_file(two_tasks, tmp_path):

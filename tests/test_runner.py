@@ -175,6 +175,11 @@ def test_results_file_resume_and_partial_lines(tmp_path):
     assert normalize(resumed) == normalize(full) and read_results(path) == resumed
     with pytest.raises(ResultsFileError, match="holds episodes of policy 'oracle', not 'noop'"):
         run_tasks(tasks, NoopPolicy, results_path=path, resume=True, progress=False)
+    with pytest.raises(ResultsFileError, match="played with episode.max_turns=20, this run has episode.max_turns=3"):
+        run_tasks(tasks, OraclePolicy, EpisodeConfig(max_turns=3), results_path=path, resume=True, progress=False)
+    with pytest.raises(ResultsFileError, match="played with seed=0, this run has seed=5"):
+        run_tasks(tasks, OraclePolicy, seed=5, results_path=path, resume=True, progress=False)
+    assert read_results(path) == resumed  # refused before anything was written
     path.write_text("{not json\n" + lines[0])
     with pytest.raises(ResultsFileError, match="line 1"):
         run_tasks(tasks, OraclePolicy, results_path=path, resume=True, progress=False)
