@@ -22,7 +22,10 @@ tool_call_validity, parallel_call_rate, malformed_calls, ask_user_rate, mean_com
 tool_mix, turn_share, episode_wall_s, wall_s, task_sets: {name: {...same...}}, config}, "tasks": [one
 Trajectory.to_record per episode: id, task_set, sample, seed, solved, exit_status, error, n_turns, turns
 (with each turn's text: `replay:` reads them), messages, ...]}, and beside it <name>.episodes.jsonl, the
-same records appended as episodes finish (what --resume continues from). Metric definitions: env/metrics.py.
+same records appended as episodes finish, with <name>.episodes.jsonl.run.json, the settings they were played
+with: --resume continues from them (and refuses other settings). Metric definitions: env/metrics.py.
+Bad arguments fail before any work with one line and exit status 2; Ctrl-C (or SIGTERM) exits 130 with
+the finished episodes on disk and one line saying how to resume.
 
 --compare writes to --out-dir: <label>/results.json (+ episodes.jsonl) per policy, compare.json, compare.md,
 solve_rate.png and tool_mix.png; all policies run the same tasks with the same seeds, and differences from
