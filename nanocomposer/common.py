@@ -238,7 +238,9 @@ def model_dir_problem(path: Path, chat_template: bool = False) -> str | None:
         if (path / "adapter_config.json").is_file():
             return ("a PEFT adapter without its base model (no config.json): the stages start from a full model; "
                     "merge it first (peft's merge_and_unload, then save_pretrained)")
-        return "not a model directory (no config.json)"
+        inside = sorted(d.name for d in path.iterdir() if (d / "config.json").is_file())
+        hint = f"; model directories inside it: {', '.join(inside[:8])}" if inside else ""
+        return f"not a model directory (no config.json{hint})"
     config, problem = read_json(path / "config.json")
     if problem:
         return problem

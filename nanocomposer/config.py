@@ -111,6 +111,8 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "save_steps": POSITIVE,
     "eval_steps": POSITIVE,
     "dataloader_num_workers": _at_least(0),
+    "seed": _at_least(0, " (numpy's generator takes 0 to 2**32 - 1)"),
+    "data_seed": _at_least(0, " (numpy's generator takes 0 to 2**32 - 1)"),
     "max_length": _at_least(1),  # SFTConfig
     "num_generations": _at_least(2, " (GRPO compares the episodes of one task)"),  # GRPOConfig
     "temperature": POSITIVE,
