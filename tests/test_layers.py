@@ -24,7 +24,6 @@ KNOWN_ENV = {
 }
 KNOWN_STAGE_IMPORTS = {
     "train_sft.py": "its harness check imports eval.evaluate/task_record (use nanocomposer.policies.run_policy)",
-    "bench/rl.py": "imports train_rl to time GRPO steps (move what it needs into nanocomposer/)",
 }
 
 
