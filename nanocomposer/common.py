@@ -112,8 +112,9 @@ def resume_checkpoint(output_dir: Path, stage: str, complete: Path | None, incom
     if complete is None and not incomplete:
         raise ConfigError(f"--resume: no checkpoint-* directory in {output_dir} (is --run right?)")
     for path in incomplete:
-        aside = move_aside(path)
-        print0(f"[{stage}] --resume: skipping incomplete {path.name} ({problems[path]}); moved it to {aside}")
+        if int(os.environ.get("RANK", "0")) == 0:  # one process renames; the others (torchrun) skip it too
+            aside = move_aside(path)
+            print0(f"[{stage}] --resume: skipping incomplete {path.name} ({problems[path]}); moved it to {aside}")
     if complete is None:
         print0(f"[{stage}] --resume: no complete checkpoint in {output_dir}: starting over from step 0")
         return None

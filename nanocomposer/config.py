@@ -316,9 +316,9 @@ class RecipeParser(TrlParser):
     def source(self, key: str) -> str:
         """Where the value of `key` came from: its flag (which beats the recipe), else the recipe file."""
         flags = {f"--{key}", f"--{key.replace('_', '-')}"}
-        if any(arg.split("=", 1)[0] in flags for arg in self.cli_args):
+        if any(arg.split("=", 1)[0] in flags for arg in getattr(self, "cli_args", ())):
             return f"--{key}"
-        if key in self.recipe:
+        if key in getattr(self, "recipe", {}):
             return f"{self.recipe_path}: {key}"
         return key
 
@@ -332,7 +332,8 @@ class RecipeParser(TrlParser):
         self.exit(2, f"{self.prog}: error: {one_line}\n")
 
 
-TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean (true or false)"}
+TYPE_NAMES = {"int": ("an integer", "integers"), "float": ("a number", "numbers"), "str": ("a string", "strings"),
+              "bool": ("a boolean (true or false)", "booleans (true or false)")}
 
 
 def _kind(action: argparse.Action) -> str | None:
@@ -348,8 +349,8 @@ def _kind(action: argparse.Action) -> str | None:
 def _type_name(action: argparse.Action) -> str:
     if action.choices:
         return "one of " + ", ".join(str(c) for c in action.choices)
-    name = TYPE_NAMES.get(_kind(action), "a value")
-    return f"a list of {name.split(' ', 1)[1]}s" if action.nargs in ("+", "*") and " " in name else name
+    one, many = TYPE_NAMES.get(_kind(action), ("a value", "values"))
+    return f"a list of {many}" if action.nargs in ("+", "*") else one
 
 
 def _yaml_kind(value: Any) -> str:
