@@ -190,9 +190,8 @@ def test_template_renders_the_documented_format(tokenizer):
 
 def test_tools_extend_the_system_message_or_a_default_one(tokenizer):
     tools_section = (
-        "\n\n# Tools\n\nread_file(path: string): Read a file of the workspace.\n\n"
-        "Call a tool with <tool_call>\n"
-        '{"name": <tool-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        "\n\n# Tools\nread_file(path)\n"
+        'Call: <tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call><|im_end|>\n'
     )
     user = {"role": "user", "content": "hi"}
     assert render(tokenizer, [{"role": "system", "content": "S."}, user], tools=TOOLS) == (
@@ -263,11 +262,11 @@ def conversations(draw):
 
 
 def signature(tool: dict) -> str:
-    """One tool as the template lists it: `name(arg: type, optional?: type): description`."""
+    """One tool as the template lists it: `name(arg, optional?)`."""
     fn = tool["function"]
     params, required = fn["parameters"]["properties"], fn["parameters"].get("required", [])
-    args = ", ".join(f"{k}{'' if k in required else '?'}: {v.get('type', 'any')}" for k, v in params.items())
-    return f"{fn['name']}({args}): {fn.get('description', '')}"
+    args = ", ".join(f"{k}{'' if k in required else '?'}" for k in params)
+    return f"{fn['name']}({args})"
 
 
 def reference_render(messages, tools=None, add_generation_prompt=False) -> str:
@@ -279,10 +278,9 @@ def reference_render(messages, tools=None, add_generation_prompt=False) -> str:
         out.append(
             "<|im_start|>system\n"
             + (system if system is not None else "You are a helpful coding assistant.")
-            + "\n\n# Tools\n"
+            + "\n\n# Tools"
             + "".join("\n" + signature(t) for t in tools)
-            + "\n\nCall a tool with <tool_call>\n"
-            '{"name": <tool-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+            + '\nCall: <tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call><|im_end|>\n'
         )
     while i < len(messages):
         m = messages[i]
