@@ -229,10 +229,12 @@ def test_one_cycle_end_to_end_killed_mid_cycle_resumes_on_policy_without_double_
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # kill it once a session has finished, mid-serve
-        if db.is_file():
-            with sqlite3.connect(db) as conn:
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
                 if conn.execute("SELECT COUNT(*) FROM sessions WHERE status = 'finished'").fetchone()[0]:
                     break
+        except sqlite3.OperationalError:  # no database yet, or no schema yet
+            pass
         time.sleep(0.2)
     first.send_signal(signal.SIGKILL)
     first.wait()
@@ -263,6 +265,7 @@ def test_one_cycle_end_to_end_killed_mid_cycle_resumes_on_policy_without_double_
     gate = json.loads((version / "gate.json").read_text())
     assert (version / "gate.md").is_file() and gate["candidate_name"] == "v1"
     cycle = json.loads((loop_dir / "cycles" / "1" / "cycle.json").read_text())
+    assert cycle["served_by"] == "v0" and cycle["timing/update_s"] > 0
     assert cycle["decision"] == ("promoted" if gate["promote"] else "refused")
     current = (loop_dir / "registry" / "current").read_text().strip()
     assert current == ("v1" if gate["promote"] else "v0")
@@ -278,3 +281,25 @@ def test_recipes_parse(preset):
         ["--config", str(ROOT / f"recipes/{preset}/realtime.yaml"), "--bf16", "false", "--use_cpu", "true"])
     assert len(training.reward_weights) == len(args.reward_funcs) and training.top_p == 1.0
     assert training.generation_batch_size % training.num_generations == 0
+
+
+def test_ab_table_pairs_conversations(tmp_path):
+    from bench.realtime import ab_markdown, ab_table, conversations
+
+    def arm(name: str, kept: list[bool]) -> dict:
+        store = SessionStore(tmp_path / f"{name}.db")
+        for i, k in enumerate(kept):
+            sid = store.create(source="task_dir", instruction="x", client=f"user-{i}")
+            store.start(sid, name, "p")
+            store.finish(sid, "finished", None, "", 0)
+            with sqlite3.connect(tmp_path / f"{name}.db") as conn:
+                conn.execute("UPDATE sessions SET wall_s = ? WHERE id = ?", (1.0 + i, sid))
+            store.add_feedback(sid, "kept" if k else "followup_dissatisfied")
+        return conversations(tmp_path / f"{name}.db")
+
+    table = ab_table(arm("a", [True, False, False, True]), arm("b", [True, True, False, True]))
+    kept = table["metrics"]["persisting_edits"]
+    assert table["paired_conversations"] == 4 and kept["a"] == 0.5 and kept["b"] == 0.75
+    assert kept["diff"] == pytest.approx(0.25) and kept["relative"] == pytest.approx(0.5)
+    assert table["metrics"]["dissatisfied_followups"]["diff"] == pytest.approx(-0.25)
+    assert "| persisting edits | 50.0%" in ab_markdown(table, "v0", "v5")

@@ -124,7 +124,9 @@ class Loop:
         return summary
 
     def finish_cycle(self, **summary) -> None:
-        summary = {"cycle": self.state.cycle, "served_by": self.state.current, **summary}
+        collected = self.cycle_dir() / "collect.json"
+        served_by = _read(collected)["current"] if collected.is_file() else self.state.current
+        summary = {"cycle": self.state.cycle, "served_by": served_by, **summary}
         write_json_atomic(self.cycle_dir() / "cycle.json", summary)
         self.log(f"[realtime] cycle {self.state.cycle} done: " + json.dumps(
             {k: v for k, v in summary.items() if not isinstance(v, dict)}))

@@ -1,0 +1,179 @@
+"""Real-time RL measurements: the live A/B of two versions, and the per-cycle behaviour of loops (the hacks).
+
+    python -m bench.realtime ab --a runs/rt/realtime/registry/versions/v0 --b runs/rt/realtime/registry/versions/v5 \\
+        --tasks factory:val --sessions 400 --recipe recipes/tiny/users.yaml --out runs/rt/ab
+    python -m bench.realtime cycles runs/rt runs/rt-hack1 runs/rt-hack2 --out runs/rt/cycles.md
+
+`ab`: each arm is its own `agent.py serve` (own registry and database) facing the same simulated users: the
+same population seed and task order, so conversation i of arm A and of arm B is the same user with the same
+task (paired). Arms run one after the other on the same machine (same load for both). Per conversation: the
+first session's edit persisted (kept), a dissatisfied follow-up was sent, and the first session's latency
+(wall time). Table: each arm's rate (Wilson 95%) or mean, and B - A with a paired-bootstrap 95% interval over
+conversations, absolute and relative (Composer reports relative changes: +2.28% persisting edits, -3.13%
+dissatisfied follow-ups, -10.3% latency). Writes <out>/ab.json and ab.md.
+
+`cycles`: one table per loop directory (runs/<run>) from its cycles' collect.json and cycle.json: live
+persisting-edit, dissatisfied, malformed-session, ask_user and edit rates, latency, and the gate's decision,
+which is where hack 1 (malformed calls) and hack 2 (questions instead of edits) show across cycles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import sys
+from pathlib import Path
+
+from env.metrics import paired_bootstrap_interval, wilson_interval
+
+METRICS = (("persisting_edits", "rate"), ("dissatisfied_followups", "rate"), ("latency_s", "mean"))
+
+
+def conversations(db: Path) -> dict[str, dict]:
+    """client -> {persisting_edits, dissatisfied_followups, latency_s} of its first session."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        sessions = conn.execute("SELECT id, client, wall_s FROM sessions WHERE parent_id IS NULL AND wall_s IS NOT "
+                                "NULL").fetchall()
+        kinds: dict[str, set] = {}
+        for sid, kind in conn.execute("SELECT session_id, kind FROM feedback"):
+            kinds.setdefault(sid, set()).add(kind)
+    finally:
+        conn.close()
+    return {client: {"persisting_edits": float("kept" in kinds.get(sid, set())),
+                     "dissatisfied_followups": float("followup_dissatisfied" in kinds.get(sid, set())),
+                     "latency_s": float(wall)} for sid, client, wall in sessions}
+
+
+def play_arm(spec: str, out: Path, args) -> dict:
+    from nanocomposer.agent.registry import Registry
+    from nanocomposer.realtime.server import AgentServer, run_users
+
+    out.mkdir(parents=True, exist_ok=True)
+    registry = Registry(out / "registry")
+    registry.ensure(spec, "arm")
+    server = AgentServer(registry.root, out / "sessions.db", workers=args.workers, max_turns=args.max_turns,
+                         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         session_timeout_s=args.session_timeout_s, backend=args.backend, log=out / "server.log")
+    try:
+        report = run_users(server.url, args.tasks, args.sessions, recipe=args.recipe, seed=args.seed, offset=0,
+                           report=out / "users.json", log=out / "users.log")
+        server.wait_idle(args.session_timeout_s + 60)
+    finally:
+        server.stop()
+    return {"spec": spec, "users": {k: v for k, v in report.items() if k not in ("latencies", "accepted_ids")},
+            "conversations": conversations(out / "sessions.db")}
+
+
+def ab_table(a: dict, b: dict, seed: int = 0) -> dict:
+    common = sorted(a.keys() & b.keys())
+    rows = {}
+    for name, kind in METRICS:
+        xa, xb = [a[c][name] for c in common], [b[c][name] for c in common]
+        mean_a, mean_b = (statistics.fmean(xa), statistics.fmean(xb)) if common else (0.0, 0.0)
+        diff, lo, hi = paired_bootstrap_interval(xa, xb, seed=seed)
+        row = {"a": mean_a, "b": mean_b, "diff": diff, "ci95": [lo, hi],
+               "relative": diff / mean_a if mean_a else None}
+        if kind == "rate":
+            row["a_ci95"], row["b_ci95"] = wilson_interval(sum(xa), len(xa)), wilson_interval(sum(xb), len(xb))
+        rows[name] = row
+    return {"paired_conversations": len(common), "only_in_one_arm": len(a.keys() ^ b.keys()), "metrics": rows}
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def _num(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def ab_markdown(table: dict, a: str, b: str) -> str:
+    lines = [f"# Live A/B: B = {b} vs A = {a}", "",
+             (f"{table['paired_conversations']} paired conversations (same users, same tasks); "
+              f"{table['only_in_one_arm']} in one arm only."), "",
+             "| metric | A | B | B - A [95% paired bootstrap] | relative |", "|---|---|---|---|---|"]
+    for name, kind in METRICS:
+        r = table["metrics"][name]
+        fmt = _pct if kind == "rate" else _num
+
+        def cell(x, ci=None, fmt=fmt):
+            return fmt(x) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
+
+        rel = "-" if r["relative"] is None else f"{r['relative']:+.1%}"
+        lines.append(f"| {name.replace('_', ' ')} | {cell(r['a'], r.get('a_ci95'))} | {cell(r['b'], r.get('b_ci95'))} "
+                     f"| {fmt(r['diff'])} [{fmt(r['ci95'][0])}, {fmt(r['ci95'][1])}] | {rel} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_ab(args) -> int:
+    out = Path(args.out)
+    arms = {label: play_arm(spec, out / label, args) for label, spec in (("A", args.a), ("B", args.b))}
+    table = ab_table(arms["A"]["conversations"], arms["B"]["conversations"], args.seed)
+    result = {"a": args.a, "b": args.b, "tasks": args.tasks, "sessions": args.sessions, "seed": args.seed,
+              **table, "users": {k: v["users"] for k, v in arms.items()}}
+    (out / "ab.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "ab.md").write_text(ab_markdown(table, args.a, args.b))
+    print((out / "ab.md").read_text())
+    return 0
+
+
+def cycles_markdown(run_dir: Path) -> str:
+    loop = run_dir / "realtime" if (run_dir / "realtime").is_dir() else run_dir
+    lines = [f"## {loop}", "", ("| cycle | served by | sessions | persisting edits | dissatisfied | malformed "
+                                "sessions | ask_user | edit rate | latency s | decision |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for folder in sorted((loop / "cycles").iterdir(), key=lambda p: int(p.name)):
+        if not (folder / "cycle.json").is_file():
+            continue
+        live = json.loads((folder / "collect.json").read_text())["live"]
+        cycle = json.loads((folder / "cycle.json").read_text())
+
+        def rate(key: str, live=live) -> str:
+            return f"{live[key]['rate']:.1%}" if live["sessions"] else "-"
+
+        decision = cycle.get("decision") or f"rolled back {cycle.get('rolled_back')}"
+        lines.append(f"| {cycle['cycle']} | {cycle['served_by']} | {live['sessions']} | {rate('persisting_edit_rate')} "
+                     f"| {rate('dissatisfied_rate')} | {rate('malformed_session_rate')} | {rate('ask_user_rate')} | "
+                     f"{rate('edit_rate')} | {live['latency_s']['mean']:.1f} | {decision} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_cycles(args) -> int:
+    text = "\n".join(cycles_markdown(Path(d)) for d in args.runs)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    ab = sub.add_parser("ab", help="live A/B of two versions with the same simulated users")
+    ab.add_argument("--a", required=True, help="arm A: a checkpoint directory or scripted policy (the control)")
+    ab.add_argument("--b", required=True, help="arm B: the treatment")
+    ab.add_argument("--tasks", required=True, help="what the users ask for (the traffic set)")
+    ab.add_argument("--sessions", type=int, default=400, help="conversations per arm")
+    ab.add_argument("--recipe", default="recipes/tiny/users.yaml")
+    ab.add_argument("--seed", type=int, default=12345, help="population seed, the same for both arms")
+    ab.add_argument("--workers", type=int, default=2)
+    ab.add_argument("--max-turns", type=int, default=8)
+    ab.add_argument("--max-new-tokens", type=int, default=128)
+    ab.add_argument("--temperature", type=float, default=1.0, help="as served in the loop")
+    ab.add_argument("--session-timeout-s", type=float, default=120.0)
+    ab.add_argument("--backend", default="auto", choices=("auto", "transformers", "vllm"))
+    ab.add_argument("--out", required=True)
+    cycles = sub.add_parser("cycles", help="per-cycle live behaviour of loops (e.g. the two hack runs)")
+    cycles.add_argument("runs", nargs="+", help="runs/<run> (or its realtime/ directory)")
+    cycles.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.command == "ab" and args.sessions < 1:
+        p.error("--sessions must be at least 1")
+    return {"ab": cmd_ab, "cycles": cmd_cycles}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
