@@ -18,6 +18,7 @@ leakage; tests/test_train_cpt.py checks the logits of a document alone and packe
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from transformers import Trainer, TrainingArguments, default_data_collator
 from trl import ModelConfig
@@ -40,9 +41,37 @@ from nanocomposer.common import (
     start_stage_run,
     write_model_card,
 )
-from nanocomposer.config import ConfigError, CPTScriptArguments, RecipeParser
+from nanocomposer.config import ArgumentError, ConfigError, CPTScriptArguments, RecipeParser
+from nanocomposer.copy_eval import CopyAccuracyCallback, make_probes
 
 STAGE = "cpt"
+
+
+@dataclass
+class CPTArguments(CPTScriptArguments):
+    """CPTScriptArguments plus the copy-rich data mix and the copy metric (nanocomposer/copy_eval.py)."""
+
+    mix_dataset_path: str | None = field(
+        default=None,
+        metadata={"help": "A second corpus saved like dataset_path (e.g. data/build_copy_corpus.py's) whose "
+                          "train split is mixed into the training documents; evaluation stays on dataset_path."},
+    )
+    mix_fraction: float = field(
+        default=0.0, metadata={"help": "Share of the training characters taken from mix_dataset_path, in (0, 1)."}
+    )
+    copy_eval_probes: int = field(
+        default=0, metadata={"help": "Log eval/copy_accuracy on this many held-out copy probes at every "
+                                     "evaluation (0: off)."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.copy_eval_probes < 0:
+            raise ArgumentError("copy_eval_probes", self.copy_eval_probes, "must be >= 0 (0: off)")
+        if self.mix_dataset_path is None and self.mix_fraction != 0:
+            raise ArgumentError("mix_fraction", self.mix_fraction, "needs mix_dataset_path")
+        if self.mix_dataset_path is not None and not 0 < self.mix_fraction < 1:
+            raise ArgumentError("mix_fraction", self.mix_fraction, "must be in (0, 1) with mix_dataset_path")
 
 
 class PackedCausalLMTrainer(Trainer):
@@ -54,7 +83,7 @@ class PackedCausalLMTrainer(Trainer):
         super().log(logs, *args, **kwargs)
 
 
-def main(script_args: CPTScriptArguments, training_args: TrainingArguments, model_args: ModelConfig) -> dict:
+def main(script_args: CPTArguments, training_args: TrainingArguments, model_args: ModelConfig) -> dict:
     ################
     # Checks and output dir (everything that can be wrong fails here, before any model is loaded)
     ################
@@ -67,13 +96,27 @@ def main(script_args: CPTScriptArguments, training_args: TrainingArguments, mode
                           f"{max_positions}")
     dataset = load_splits(script_args.dataset_path, [script_args.dataset_train_split,
                                                      script_args.dataset_test_split], ["text"])
+    train_documents = dataset[script_args.dataset_train_split]
+    if script_args.mix_dataset_path is not None:
+        from data.build_copy_corpus import mix_corpora
+
+        extra = load_splits(script_args.mix_dataset_path, ["train"], ["text"])["train"]
+        try:
+            train_documents = mix_corpora(train_documents, extra, script_args.mix_fraction, training_args.seed)
+        except ValueError as e:
+            raise ConfigError(f"mix_dataset_path {script_args.mix_dataset_path}: {e}") from None
     tokenizer = load_tokenizer(model_args.model_name_or_path)
     separator_id = document_separator_id(tokenizer, script_args.document_separator)
+    try:
+        copy_probes = (make_probes(tokenizer, script_args.copy_eval_probes, max_context=script_args.block_size)
+                       if script_args.copy_eval_probes else None)
+    except ValueError as e:
+        raise ConfigError(f"copy_eval_probes {script_args.copy_eval_probes}: {e}") from None
 
     ################
     # Data: packed blocks
     ################
-    train_blocks, train_stats = pack_documents(dataset[script_args.dataset_train_split], tokenizer,
+    train_blocks, train_stats = pack_documents(train_documents, tokenizer,
                                                script_args.block_size, separator_id, desc="train")
     eval_blocks, eval_stats = pack_documents(dataset[script_args.dataset_test_split], tokenizer,
                                              script_args.block_size, separator_id, desc="validation")
@@ -107,6 +150,8 @@ def main(script_args: CPTScriptArguments, training_args: TrainingArguments, mode
         processing_class=tokenizer,
         data_collator=default_data_collator,  # fixed-size blocks: stack, no padding, no attention mask
     )
+    if copy_probes:
+        trainer.add_callback(CopyAccuracyCallback(copy_probes, trainer.log))
 
     ################
     # Train, evaluate, save
@@ -133,6 +178,8 @@ def main(script_args: CPTScriptArguments, training_args: TrainingArguments, mode
         "initial_eval_perplexity": initial_eval["eval_perplexity"] if initial_eval else None,
         "final_eval_loss": final_eval["eval_loss"],
         "final_eval_perplexity": final_eval["eval_perplexity"],
+        "final_copy_accuracy": next((log["eval_copy_accuracy"] for log in reversed(trainer.state.log_history)
+                                     if "eval_copy_accuracy" in log), None),
         "train_tokens_per_second": tokens_per_second,
         "train_seconds": train_seconds,
     }
@@ -154,7 +201,7 @@ def main(script_args: CPTScriptArguments, training_args: TrainingArguments, mode
 
 
 def make_parser() -> RecipeParser:
-    return RecipeParser((CPTScriptArguments, TrainingArguments, ModelConfig))
+    return RecipeParser((CPTArguments, TrainingArguments, ModelConfig))
 
 
 if __name__ == "__main__":
