@@ -349,7 +349,12 @@ class Loop:
         report = self.gate(f"v{self.state.cycle}", self.gate_tasks())
         self.log(f"[realtime] cycle {self.state.cycle}: gate {'PROMOTE' if report['promote'] else 'REFUSE'}: "
                  f"{'; '.join(report['reasons'])}")
-        self.wandb_log({f"gate/{k}": v for k, v in (report.get("deltas") or {}).items() if isinstance(v, float)})
+        deltas = report.get("deltas") or {}
+        self.wandb_log({"gate/promote": float(report["promote"]),
+                        **{f"gate/delta_{k}": v for k, v in deltas.items() if isinstance(v, float)},
+                        **({"gate/delta_solve_rate": deltas["solve_rate"]["diff"],
+                            "gate/delta_solve_rate_low": deltas["solve_rate"]["ci95"][0],
+                            "gate/delta_solve_rate_high": deltas["solve_rate"]["ci95"][1]} if deltas else {})})
         self.state.advance(self.state_path, "promote")
 
     def promote(self, name: str) -> None:
