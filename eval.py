@@ -40,11 +40,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data.humaneval import ensure_humaneval
 from env.budget import Budget
 from env.episode import EpisodeConfig, Trajectory
 from env.metrics import BOOTSTRAP_RESAMPLES
 from env.runner import Interrupted, ResultsFileError, TaskRef
-from env.task_sets import TaskSet, resolve_task_set
+from env.task_sets import TaskSet, humaneval_cache, resolve_task_set
 from env.tasks import Task, TaskError
 from nanocomposer import reporting
 from nanocomposer.config import RecipeParser
@@ -188,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     sampling = budget.sampling()
     backend = args.backend
     try:
+        if any(s == "humaneval" or s.startswith("humaneval:") for s in args.tasks):
+            ensure_humaneval(humaneval_cache(args.humaneval_dir))  # built on first use, then read as task dirs
         task_sets = [resolve_task_set(s, tasks_root_dir=args.tasks_root, humaneval_dir=args.humaneval_dir)
                      for s in args.tasks]
         if any(not is_scripted(s) for s in specs):  # scripted-only evals need no torch

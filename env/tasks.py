@@ -555,3 +555,8 @@ def grade(task: Task, workspace: Path, submission: str = "") -> Grade:
                  result.output, passed, failed, result.wall_s)
 
 
+def spread_subset(items: list, n: int) -> list:
+    """`n` items evenly spaced over `items` (deterministic; covers the whole list, not its start)."""
+    if n >= len(items):
+        return list(items)
+    return [items[(i * len(items)) // n] for i in range(n)]

@@ -1,6 +1,6 @@
 """The agent's tools. `CodeTools`' public methods ARE the tools: their signatures and
-Google-style docstrings are the JSON schemas the model sees (built with transformers'
-`get_json_schema`, as TRL builds them), so there is one source of truth.
+Google-style docstrings are the JSON schemas the model sees (built by `function_schema` in the shape of
+transformers' `get_json_schema`, as TRL builds them), so there is one source of truth.
 
 File tools (read_file, edit_file, grep, search) act in this process on paths resolved
 strictly inside the workspace (`env.workspace.resolve_in`). Everything that executes
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import logging
 import re
 import shlex
@@ -28,6 +29,8 @@ import shutil
 import stat
 import subprocess
 import time
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -402,15 +405,45 @@ def tool_schemas(tools: CodeTools | type[CodeTools]) -> list[dict]:
 
 @functools.cache
 def _schemas_of(cls: type) -> list[dict]:
-    from transformers.utils import get_json_schema  # the same builder TRL uses for `tools=`
+    return [function_schema(getattr(cls, name)) for name in tool_names(cls)]
 
-    out = []
-    for name in tool_names(cls):
-        schema = get_json_schema(getattr(cls, name))
-        schema["function"].pop("return", None)
-        schema["function"]["parameters"]["properties"].pop("self", None)
-        out.append(schema)
-    return out
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def function_schema(fn) -> dict:
+    """The JSON schema of a typed function with a Google-style docstring, in the exact shape transformers'
+    `get_json_schema` (what TRL uses for `tools=`) gives, so prompts match what TRL would render; built here
+    because the harness does not import transformers (tests/test_tools.py checks the two agree)."""
+    doc = inspect.getdoc(fn) or ""
+    summary, _, args_block = doc.partition("\nArgs:\n")
+    described: dict[str, str] = {}
+    current = None
+    for line in args_block.splitlines():
+        name, sep, text = line.strip().partition(":")
+        if sep and line.startswith(" ") and not line.startswith("  " * 3) and name.isidentifier():
+            current, described[name] = name, text.strip()
+        elif current and line.strip():  # a continuation line of the argument above
+            described[current] += " " + line.strip()
+    hints = typing.get_type_hints(fn)
+    properties, required = {}, []
+    for param in list(inspect.signature(fn).parameters.values()):
+        if param.name == "self":
+            continue
+        kind, nullable = hints[param.name], False
+        if typing.get_origin(kind) in (types.UnionType, typing.Union):
+            options = [a for a in typing.get_args(kind) if a is not type(None)]
+            kind, nullable = options[0], len(options) < len(typing.get_args(kind))
+        prop = {"type": _JSON_TYPES[kind]} | ({"nullable": True} if nullable else {})
+        if param.name in described:
+            prop["description"] = described[param.name]
+        properties[param.name] = prop
+        if param.default is inspect.Parameter.empty:
+            required.append(param.name)
+    parameters = {"type": "object", "properties": properties} | ({"required": required} if required else {})
+    description = " ".join(summary.split("\n\n")[0].split())
+    return {"type": "function", "function": {"name": fn.__name__, "description": description,
+                                             "parameters": parameters}}
 
 
 def _check_call(tools: CodeTools, name, arguments) -> str | None:

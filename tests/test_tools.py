@@ -142,3 +142,17 @@ def test_a_very_deep_tree_does_not_break_listing_or_search(tools):
     (levels[-1] / "x.py").unlink()
     for level in reversed(levels[1:]):  # rmtree in the fixture would hit the recursion limit
         level.rmdir()
+
+
+def test_tool_schemas_are_what_transformers_and_trl_build():
+    # The harness builds the schemas itself (env/ does not import transformers); they must stay identical
+    # to transformers' get_json_schema, which TRL uses for `tools=`, or prompts would drift from TRL's.
+    from transformers.utils import get_json_schema
+
+    from env.tools import CodeTools, function_schema, tool_names
+
+    for name in tool_names(CodeTools):
+        expected = get_json_schema(getattr(CodeTools, name))
+        expected["function"].pop("return", None)
+        expected["function"]["parameters"]["properties"].pop("self", None)
+        assert function_schema(getattr(CodeTools, name)) == expected, name
