@@ -219,3 +219,12 @@ def test_tool_header_fits_the_budget(code_tokenizer):
     for schema in tool_schemas(CodeTools):  # every tool and every argument is still listed
         fn = schema["function"]
         assert fn["name"] + "(" in header and all(arg in header for arg in fn["parameters"]["properties"])
+
+
+def test_head_benchmark_paths_agree_on_the_loss():
+    from nanocomposer.model import measure_head_paths
+
+    results = measure_head_paths(vocab=512, hidden=32, layers=1, heads=2, seq=160, labelled=0.25, steps=1)
+    assert set(results) == {"full", "trl_fused", "trl_fused_compact", "labelled_only"}
+    losses = [r["loss"] for r in results.values()]
+    assert max(losses) - min(losses) < 1e-5 and all(r["seconds"] > 0 for r in results.values())
