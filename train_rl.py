@@ -1,4 +1,4 @@
-"""Stage 3: GRPO in the agent harness. Every rollout is a whole episode of env.episode.run_episode.
+"""Stage 3: GRPO in the agent harness. Every rollout is a whole episode of the harness's loop (env/episode.py).
 
     python train_rl.py --config recipes/tiny/rl.yaml --run demo                  # starts from runs/demo/sft
     python train_rl.py --config recipes/tiny/rl.yaml --run demo --resume         # continue the last checkpoint
@@ -7,7 +7,8 @@
 
 Data: the task directories under `tasks_dir` (a task-factory split). Each becomes one prompt row (its
 initial messages); TRL's `rollout_func` (nanocomposer/rollout.py) plays `num_generations` episodes of it in
-fresh sandboxes through the same loop eval.py uses, and returns one token sequence per episode with the
+fresh sandboxes through the runner eval.py uses (env.runner.run_tasks, the trainer's live model generating
+every waiting turn in one batch), and returns one token sequence per episode with the
 tool results masked out of the loss (`env_mask`).
 
 Rewards: the components named in `reward_funcs` (env/rewards.py's registry) with the recipe's
@@ -27,6 +28,7 @@ import time
 
 from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
+from env.budget import Budget, BudgetError
 from env.episode import EpisodeConfig
 from env.rewards import get_reward_funcs
 from env.tasks import TaskError
@@ -117,14 +119,23 @@ def check_arguments(script_args: RLScriptArguments, training_args: GRPOConfig) -
     return reward_funcs
 
 
+def rollout_budget(script_args: RLScriptArguments, training_args: GRPOConfig) -> Budget:
+    """The episode budgets and sampling from the recipe, as the env.budget.Budget eval.py takes."""
+    try:
+        return Budget(max_turns=script_args.max_turns, max_tokens=script_args.max_episode_tokens,
+                      max_wall_s=script_args.max_wall_s, max_output_chars=script_args.max_output_chars,
+                      command_timeout_s=script_args.command_timeout_s, max_new_tokens=script_args.max_new_tokens,
+                      temperature=training_args.temperature, top_p=training_args.top_p, seed=training_args.seed,
+                      max_context=script_args.max_context)
+    except BudgetError as e:
+        raise ConfigError(str(e)) from None
+
+
 def rollout_config(script_args: RLScriptArguments, training_args: GRPOConfig) -> RolloutConfig:
-    """The episode budgets and sampling, from the recipe: the same EpisodeConfig fields eval.py sets."""
-    episode = EpisodeConfig(max_turns=script_args.max_turns, max_tokens=script_args.max_episode_tokens,
-                            max_wall_s=script_args.max_wall_s, max_output_chars=script_args.max_output_chars,
-                            command_timeout_s=script_args.command_timeout_s)
-    sampling = SamplingConfig(max_new_tokens=script_args.max_new_tokens, temperature=training_args.temperature,
-                              top_p=training_args.top_p, seed=training_args.seed, max_context=script_args.max_context)
-    return RolloutConfig(episode=episode, sampling=sampling, workers=script_args.rollout_workers,
+    """The rollout's settings: the recipe's Budget (the same EpisodeConfig and sampling fields eval.py sets)."""
+    budget = rollout_budget(script_args, training_args)
+    return RolloutConfig(episode=EpisodeConfig.from_budget(budget), sampling=SamplingConfig(**budget.sampling()),
+                         workers=script_args.rollout_workers,
                          backend=script_args.generation_backend, measure_lint="lint" in script_args.reward_funcs,
                          malformed_handling=script_args.malformed_handling,
                          truncated_episodes=script_args.truncated_episodes,
@@ -151,6 +162,7 @@ def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: 
     configure_device(training_args)
     check_model_path(model_args.model_name_or_path, chat_template=True)
     reward_funcs = check_arguments(script_args, training_args)
+    config = rollout_config(script_args, training_args)
     try:
         tasks, tasks_source = resolve_training_tasks(script_args.tasks_dir, script_args.task_limit)
         dataset, task_index = task_prompt_dataset(tasks)
@@ -164,7 +176,7 @@ def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: 
     # Model, rollout, W&B, trainer
     ################
     model = load_model(model_args, training_args)
-    rollout = AgentRollout(task_index, tokenizer, rollout_config(script_args, training_args), output_dir)
+    rollout = AgentRollout(task_index, tokenizer, config, output_dir)
     facts, wandb_run = start_stage_run(STAGE, script_args, training_args, model_args, output_dir,
                                        {"tasks": len(dataset)}, tasks_source)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
@@ -181,7 +193,8 @@ def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: 
     print0(f"[rl] {len(dataset)} tasks from {script_args.tasks_dir}; {training_args.num_generations} episodes per "
            f"task, {training_args.per_device_train_batch_size} per step; rewards "
            f"{dict(zip(script_args.reward_funcs, trainer.reward_weights.tolist()))}; "
-           f"rollout workers {script_args.rollout_workers} ({script_args.generation_backend})")
+           f"episodes at once {script_args.rollout_workers or 'all'} ({script_args.generation_backend}, batched in "
+           "this process)")
 
     ################
     # Train, save

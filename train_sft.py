@@ -13,8 +13,9 @@ token. System, user and tool-result tokens never get a label.
 Sequences longer than `max_length` are truncated (keep_start); how many, and how many assistant tokens
 that costs, is measured and printed before training, logged to W&B and written to the model card.
 
-The check (`--check_tasks`): the saved model runs as a policy (`env.policies.get_policy(<model dir>)`)
-through eval.py's `evaluate` on the tasks; tool-call validity (share of assistant turns whose calls all
+The check (`--check_tasks`): the saved model runs as a policy (nanocomposer.policies.run_policy, through
+env.runner.run_tasks like eval.py) on the tasks with `check_max_turns` x `check_max_new_tokens` (greedy; the
+recipes set RL's and eval's budgets); tool-call validity (share of assistant turns whose calls all
 parse and validate), solve rate and mean turns go to W&B, check.json and the model card. The stage exits
 non-zero if the model never emits a valid tool call.
 
@@ -87,28 +88,30 @@ def truncation_report(dataset, tokenizer, max_length: int | None, desc: str) -> 
     }
 
 
-def harness_check(model_dir: Path, tasks: list, script_args: SFTScriptArguments) -> tuple[dict, list]:
-    """Run the saved model as a policy on `tasks`; tool-call validity, solve rate, mean turns."""
+def harness_check(model_dir: Path, tasks: list, script_args: SFTScriptArguments) -> tuple[dict, list[dict]]:
+    """(metrics, episode records): the saved model as a policy on `tasks` through env.runner.run_tasks, with the
+    check's Budget (the recipes give it RL's and eval's turn and token budgets), greedy; tool-call validity,
+    solve rate, mean turns."""
     from env.episode import EpisodeConfig
     from env.metrics import summarize
-    from eval import evaluate
+    from nanocomposer.policies import run_policy
 
-    trajectories, wall_s = evaluate(tasks, str(model_dir), EpisodeConfig(max_turns=script_args.check_max_turns),
+    budget = script_args.check_budget()
+    records, wall_s, _ = run_policy(str(model_dir), tasks, EpisodeConfig.from_budget(budget), budget.sampling(),
                                     workers=script_args.check_workers)
-    summary = summarize(trajectories, wall_s)
-    turns = [turn for trajectory in trajectories for turn in trajectory.turns]
+    summary = summarize(records, wall_s)
     metrics = {
         "tasks": summary["n"],
         "tool_call_validity": summary["tool_call_validity"],  # one definition: env/metrics.py
-        "valid_calls": sum(not c["malformed"] for t in turns for c in t["calls"]),
+        "valid_calls": summary["tool_calls"] - summary["malformed_calls"],
         "malformed_calls": summary["malformed_calls"],
         "solve_rate": summary["solve_rate"],
         "mean_turns": summary["mean_turns"],
         "exit_statuses": summary["exit_statuses"],
         "wall_s": summary["wall_s"],
-        "first_error": next((t.error for t in trajectories if t.error), ""),
+        "first_error": next((r["error"] for r in records if r["error"]), ""),
     }
-    return metrics, trajectories
+    return metrics, records
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
@@ -194,11 +197,9 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     ################
     check = {}
     if check_tasks:
-        check, trajectories = harness_check(output_dir, check_tasks, script_args)
-        from eval import task_record
-
-        (output_dir / "check.json").write_text(json.dumps(
-            {"summary": check, "tasks": [task_record(t) for t in trajectories]}, indent=1, ensure_ascii=False))
+        check, records = harness_check(output_dir, check_tasks, script_args)
+        (output_dir / "check.json").write_text(json.dumps({"summary": check, "tasks": records}, indent=1,
+                                                          ensure_ascii=False))
         print0(f"[sft] check on {check['tasks']} tasks: tool-call validity {check['tool_call_validity']:.1%}, "
                f"solve rate {check['solve_rate']:.1%}, mean turns {check['mean_turns']:.2f}, "
                f"exits {check['exit_statuses']}")

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
-from env.episode import EpisodeConfig
+from env.budget import Budget
 
 
 class ConfigError(SystemExit):
@@ -80,6 +80,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_eval_blocks": _at_least(1),
     "check_limit": _at_least(1),
     "check_max_turns": _at_least(1),
+    "check_max_new_tokens": _at_least(1),
     "check_workers": _at_least(1),
     "task_limit": _at_least(1),
     "max_turns": _at_least(1),
@@ -89,7 +90,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_wall_s": POSITIVE,
     "max_output_chars": _at_least(1),
     "command_timeout_s": POSITIVE,
-    "rollout_workers": _at_least(0, " (0: episodes run in the trainer process)"),
+    "rollout_workers": _at_least(0, " (0: all of the step's episodes at once)"),
     "dominance_threshold": FRACTION,
     "log_trajectories_steps": _at_least(0, " (0: never)"),
     "log_trajectories_count": _at_least(0),
@@ -197,8 +198,16 @@ class SFTScriptArguments(StageArguments):
                           "unset: no check."},
     )
     check_limit: int | None = field(default=None, metadata={"help": "Check on at most this many tasks."})
-    check_max_turns: int = field(default=8, metadata={"help": "Turn budget per check episode."})
-    check_workers: int = field(default=1, metadata={"help": "Check episodes run in parallel processes."})
+    check_max_turns: int = field(default=Budget.max_turns, metadata={"help": "Turn budget per check episode."})
+    check_max_new_tokens: int = field(default=Budget.max_new_tokens,
+                                      metadata={"help": "Generated tokens per turn in the check (greedy)."})
+    check_workers: int = field(default=1, metadata={"help": "Check episodes played at once (threads; generation "
+                                                            "batched)."})
+
+    def check_budget(self) -> Budget:
+        """The check's env.budget.Budget: its turn and token budgets (the recipe sets RL's and eval's), greedy,
+        every other setting Budget's default."""
+        return Budget(max_turns=self.check_max_turns, max_new_tokens=self.check_max_new_tokens)
 
 
 class RecipeParser(TrlParser):
@@ -406,21 +415,27 @@ class RLScriptArguments(StageArguments):
                           "`truncated` reward, which must then be in reward_funcs).",
                   "choices": ["mask", "penalty"]},
     )
-    max_turns: int = field(default=6, metadata={"help": "Turn budget per episode."})
-    max_new_tokens: int = field(default=128, metadata={"help": "Generated tokens per turn."})
+    # Episode budgets: env.budget.Budget's defaults (one per setting); the recipes set them, as eval's do.
+    max_turns: int = field(default=Budget.max_turns, metadata={"help": "Turn budget per episode."})
+    max_new_tokens: int = field(default=Budget.max_new_tokens, metadata={"help": "Generated tokens per turn."})
     max_episode_tokens: int | None = field(
-        default=None, metadata={"help": "Completion-token budget per episode (None: max_turns * max_new_tokens)."})
+        default=Budget.max_tokens,
+        metadata={"help": "Completion-token budget per episode (None: no cap; the `length` reward then normalises "
+                          "by max_turns * max_new_tokens)."})
     max_context: int | None = field(
-        default=None, metadata={"help": "Context window for episodes (None: the model's max_position_embeddings)."})
-    max_wall_s: float = field(default=120.0, metadata={"help": "Wall-clock budget per episode (seconds)."})
-    max_output_chars: int = field(default=EpisodeConfig.max_output_chars, metadata={"help": "Per tool result (head and tail kept)."})
-    command_timeout_s: float = field(default=30.0, metadata={"help": "Per sandboxed command."})
+        default=Budget.max_context,
+        metadata={"help": "Context window for episodes (None: the model's max_position_embeddings)."})
+    max_wall_s: float = field(default=Budget.max_wall_s, metadata={"help": "Wall-clock budget per episode (seconds)."})
+    max_output_chars: int = field(default=Budget.max_output_chars,
+                                  metadata={"help": "Per tool result (head and tail kept)."})
+    command_timeout_s: float = field(default=Budget.command_timeout_s, metadata={"help": "Per sandboxed command."})
     rollout_workers: int = field(
-        default=2, metadata={"help": "Episode processes, each with a copy of the policy; 0: in the trainer process."})
+        default=0, metadata={"help": "Episodes played at once in the trainer process (tools in threads, generation "
+                                     "batched); 0: all of the step's episodes."})
     generation_backend: str = field(
         default="transformers",
-        metadata={"help": "transformers (rollouts in worker processes or in-process) or vllm (TRL's engine: set "
-                          "use_vllm and vllm_mode too).", "choices": ["transformers", "vllm"]},
+        metadata={"help": "transformers (the trainer's live model, batched) or vllm (TRL's engine: set use_vllm and "
+                          "vllm_mode too).", "choices": ["transformers", "vllm"]},
     )
     dominance_threshold: float = field(
         default=0.8, metadata={"help": "Warn when one reward component makes more than this share of the advantage."})

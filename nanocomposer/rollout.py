@@ -165,10 +165,13 @@ class RolloutPolicy(ModelPolicy):
     suffix; a conversation that is not extended as a suffix (e.g. a compactor rewrote it) gets a RolloutError
     for that episode. The state is kept per `episode_key` (a request of turn 0 starts it afresh); `forget()`
     drops it once a rollout's episodes are over.
+
+    `cpu_threads`: torch's CPU threads while generating (restored after each `act_batch`; None: leave them).
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, cpu_threads: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.cpu_threads = cpu_threads
         self._sequences: dict[str, _Sequence] = {}
         self._rendered: dict[str, str] = {}  # episode key -> the rendering behind the prompt being generated
         self._requests: Iterator[TurnRequest] | None = None
@@ -188,10 +191,14 @@ class RolloutPolicy(ModelPolicy):
         # ModelPolicy.act_batch renders every request exactly once, in order, before generating: `render` takes
         # the request it is rendering from this iterator, to know whose token sequence to extend.
         self._requests = iter(requests)
+        threads = torch.get_num_threads()
+        if self.cpu_threads and self.device is not None and self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)
         try:
             results = super().act_batch(requests)
         finally:
             self._requests = None
+            torch.set_num_threads(threads)
         for request, result in zip(requests, results, strict=True):
             key = request.episode_key
             text = self._rendered.pop(key, None)
@@ -303,6 +310,14 @@ class RolloutConfig:
     truncated_episodes: str = "mask"  # or "penalty" (the `truncated` reward)
     log_trajectories_steps: int = 10  # write/log a few full trajectories every this many rollouts (0: never)
     log_trajectories_count: int = 2
+    # Torch threads while generating on a CPU. A small model's batched decode gains nothing from more, and a
+    # busy machine loses a lot: batch 4 x 128 tokens of the tiny model took 18.7 s with 1 thread and 347 s
+    # with 2 on 2 cores at load ~14 (python -m bench.generation --threads 1|2). Training keeps torch's own.
+    generation_threads: int | None = 1
+    # How long the first waiting turn may wait for other episodes still running tools before generating
+    # without them (env.runner's batch_wait_s). A generation round of the whole group costs far more than a
+    # second's wait, and every episode it leaves out costs a round of its own.
+    batch_wait_s: float = 1.0
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -352,7 +367,7 @@ def make_rollout_policy(model, tokenizer, config: RolloutConfig, trainer=None) -
     trainer's vLLM engine, whose weights TRL syncs before the rollout."""
     if config.backend == "vllm":
         return VLLMRolloutPolicy(model, tokenizer, config.sampling, trainer)
-    return RolloutPolicy(model, tokenizer, config.sampling, name="rollout")
+    return RolloutPolicy(model, tokenizer, config.sampling, name="rollout", cpu_threads=config.generation_threads)
 
 
 def play_episodes(policy: RolloutPolicy, task_dirs: list[str], config: RolloutConfig, seed: int,
@@ -397,7 +412,7 @@ def play_episodes(policy: RolloutPolicy, task_dirs: list[str], config: RolloutCo
     try:
         records = run_tasks(refs, lambda: policy, episode_config, samples=samples, seed=seed,
                             concurrency=concurrency, progress=False, on_result=measure, token_ids=True,
-                            desc="rollout")
+                            batch_wait_s=config.batch_wait_s, desc="rollout")
     finally:
         policy.forget()
     by_key = {(r["task_set"], r["sample"]): r for r in records}
