@@ -387,7 +387,7 @@ class ModelPolicy:
     def __init__(self, path_or_model, tokenizer=None, sampling: SamplingConfig | None = None,
                  device: str | None = None, *, backend: str = "transformers", name: str | None = None,
                  start_engine: bool = True, vllm_gpu_memory: float | None = None,
-                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS):
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, cpu_threads: int | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"ModelPolicy backend {backend!r} is not implemented (available: {', '.join(BACKENDS)})")
         self.backend = backend
@@ -439,6 +439,9 @@ class ModelPolicy:
         self.task_id = ""
         self.turn = 0
         self.stats = {"turns": 0, "prompt_tokens": 0, "completion_tokens": 0, "gen_s": 0.0}
+        # torch's CPU threads while generating (restored after): on a 2-core machine the runner's sandboxed
+        # tools run beside generation, and 2 torch threads fighting them measured ~6x slower than 1.
+        self.cpu_threads = cpu_threads
         if backend == "vllm":
             self.generator = VLLMGenerator(self._running_engine, self.stop_ids)
             if start_engine:
@@ -524,7 +527,13 @@ class ModelPolicy:
         order = list(prompts)
         seeds = [_stable_seed(self.sampling.seed, requests[i].episode_key, requests[i].turn) for i in order]
         t0 = time.perf_counter()
-        outputs = self._generate_batch([prompts[i] for i in order], seeds) if order else []
+        threads = torch.get_num_threads()
+        if self.cpu_threads and self.device is not None and self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)
+        try:
+            outputs = self._generate_batch([prompts[i] for i in order], seeds) if order else []
+        finally:
+            torch.set_num_threads(threads)
         self.stats["gen_s"] += time.perf_counter() - t0
         for i, output in zip(order, outputs, strict=True):
             results[i] = output if isinstance(output, BaseException) else self._generation(prompts[i], *output)

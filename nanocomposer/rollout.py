@@ -166,12 +166,11 @@ class RolloutPolicy(ModelPolicy):
     for that episode. The state is kept per `episode_key` (a request of turn 0 starts it afresh); `forget()`
     drops it once a rollout's episodes are over.
 
-    `cpu_threads`: torch's CPU threads while generating (restored after each `act_batch`; None: leave them).
+    `cpu_threads` (ModelPolicy's): torch's CPU threads while generating (restored after; None: leave them).
     """
 
-    def __init__(self, *args, cpu_threads: int | None = None, **kwargs):
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.cpu_threads = cpu_threads
         self._sequences: dict[str, _Sequence] = {}
         self._rendered: dict[str, str] = {}  # episode key -> the rendering behind the prompt being generated
         self._requests: Iterator[TurnRequest] | None = None
@@ -191,14 +190,10 @@ class RolloutPolicy(ModelPolicy):
         # ModelPolicy.act_batch renders every request exactly once, in order, before generating: `render` takes
         # the request it is rendering from this iterator, to know whose token sequence to extend.
         self._requests = iter(requests)
-        threads = torch.get_num_threads()
-        if self.cpu_threads and self.device is not None and self.device.type == "cpu":
-            torch.set_num_threads(self.cpu_threads)
         try:
             results = super().act_batch(requests)
         finally:
             self._requests = None
-            torch.set_num_threads(threads)
         for request, result in zip(requests, results, strict=True):
             key = request.episode_key
             text = self._rendered.pop(key, None)

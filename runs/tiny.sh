@@ -27,9 +27,10 @@ $PY train_sft.py --config recipes/tiny/sft.yaml --run "$RUN" --model_name_or_pat
 stage "3. GRPO in the harness -> runs/$RUN/rl"
 $PY train_rl.py --config recipes/tiny/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft"
 
-stage "4. eval: base vs CPT vs SFT vs RL on the held-out tasks (val and test projects, never trained on)"
-$PY eval.py --compare artifacts/base "runs/$RUN/cpt" "runs/$RUN/sft" "runs/$RUN/rl" \
-  --tasks factory:test factory:val --workers 2 --max-turns 8 --max-new-tokens 128 \
+stage "4. eval: SFT vs RL on the held-out tasks (val and test projects and ladder seeds, never trained on)"
+# Only checkpoints that can call tools are played: the base and CPT rows are their held-out code loss and
+# in-context copy accuracy (the model card runs/$RUN/cpt/README.md and W&B), not 500 episodes of no_tool_call.
+$PY eval.py --config recipes/tiny/eval.yaml --compare "runs/$RUN/sft" "runs/$RUN/rl" --workers 8 \
   --out-dir "runs/$RUN/eval" --run "$RUN" --wandb
 
 echo; echo "== done in $(( ($(date +%s) - t0) / 60 )) min; report: runs/$RUN/eval/compare.md"
