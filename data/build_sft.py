@@ -10,7 +10,8 @@ truncation), exported from its record (`Trajectory.to_record`) as a chat row:
 
 assistant messages carry `content` (prose) and `tool_calls` with canonical JSON-string
 arguments, the calls the loop parsed (its turn records); the chat template renders them back to the
-exact raw text the harness parsed (checked here for every turn). Only solved, submitted episodes are kept. A separate
+exact raw text the harness parsed (checked here for every turn). Only solved, submitted episodes whose every
+unmarked call is grounded in its context (data/grounding.py) are kept. A separate
 `bad_examples.json` holds deliberately malformed turns for tests; it never enters the SFT data.
 """
 
@@ -24,6 +25,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from data.grounding import trajectory_report
 from env.episode import EpisodeConfig
 from env.metrics import summarize
 from env.policies import OraclePolicy
@@ -108,6 +110,13 @@ def oracle_rows(tasks: list[Task], variants: int, seed: int, concurrency: int, d
     for record in records:
         if not (record["solved"] and record["exit_status"] == "submitted"):
             dropped[f"unsolved:{record['exit_status']}"] += 1
+            continue
+        # A model imitates every action, peeking included: an episode with one call its context does not
+        # justify (its deliberate, marked mistakes aside) is not training data.
+        if (ungrounded := trajectory_report(record).ungrounded):
+            dropped["ungrounded"] += 1
+            print(f"warning: {record['id']}: dropped, turn {ungrounded[0].turn} {ungrounded[0].name} is not "
+                  f"grounded in its context ({ungrounded[0].reason})", file=sys.stderr)
             continue
         try:
             rows.append(sft_row(record, meta.get(record["id"], {})))
