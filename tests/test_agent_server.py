@@ -236,3 +236,22 @@ def test_checkpoint_sessions_store_token_ids_and_logprobs(tmp_path):
     record = store.export_record(sid)
     assert record["turns"][0]["completion_ids"] == turns[0]["completion_ids"]
     assert record["completion_tokens"] == sum(t["completion_tokens"] for t in turns)
+
+
+def test_promote_refuses_a_checkpoint_that_would_not_load(tmp_path: Path):
+    # A candidate half-written by a killed trainer must never become `current`: the server would fail
+    # every session it serves. The registry refuses it and keeps the version it had.
+    from conftest import save_micro_checkpoint
+
+    from nanocomposer.agent.registry import Registry, RegistryError
+
+    registry = Registry(tmp_path / "registry")
+    registry.add("good", str(save_micro_checkpoint(tmp_path / "good")))
+    registry.promote("good")
+    broken = save_micro_checkpoint(tmp_path / "broken")
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    registry.add("broken", str(broken))
+    with pytest.raises(RegistryError, match="'broken' cannot be promoted: .*model.safetensors"):
+        registry.promote("broken")
+    assert registry.current() == "good"

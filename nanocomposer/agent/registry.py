@@ -77,7 +77,15 @@ class Registry:
         path.symlink_to(checkpoint.resolve(), target_is_directory=True)
 
     def promote(self, version: str) -> None:
-        self.spec(version)  # exists and is readable
+        """Point `current` at `version`: refused (RegistryError, `current` unchanged) when the version is a
+        checkpoint that would not load (a candidate half-written by a killed trainer, truncated weights)."""
+        spec = self.spec(version)  # exists and is readable
+        if not is_scripted(spec):
+            from nanocomposer.common import model_dir_problem  # lazy: scripted registries need no torch
+
+            if (problem := model_dir_problem(Path(spec), chat_template=True)) is not None:
+                raise RegistryError(f"registry {str(self.root)!r}: version {version!r} cannot be promoted: "
+                                    f"{spec}: {problem}")
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".current-", dir=self.root)
         with os.fdopen(fd, "w") as f:
