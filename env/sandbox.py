@@ -121,7 +121,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from env.workspace import DEFAULT_DISK_MB
+from env.workspace import DEFAULT_DISK_MB, pid_alive
 
 BACKENDS = ("bwrap", "unshare", "rlimits")
 SANDBOX_UID = 65534  # "nobody": the uid commands see inside bwrap; also their host uid when we are root
@@ -365,16 +365,6 @@ _MAX_IDLE_CGROUPS = 8
 _OWNED_CGROUP = re.compile(r"^(?:sandbox|probe)-(\d+)-[0-9a-f]+$")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def sweep_stale() -> list[Path]:
     """Remove the cgroups of harness processes that died without closing their Sandboxes (SIGKILL),
     killing whatever is still inside first; returns what was removed. Runs once per process at the
@@ -387,7 +377,7 @@ def sweep_stale() -> list[Path]:
     removed = []
     for entry in sorted(parent.iterdir()):
         owned = _OWNED_CGROUP.match(entry.name)
-        if owned and not _pid_alive(int(owned.group(1))) and _PidsCgroup(entry).remove(grace_s=1.0, warn=False):
+        if owned and not pid_alive(int(owned.group(1))) and _PidsCgroup(entry).remove(grace_s=1.0, warn=False):
             removed.append(entry)
     return removed
 

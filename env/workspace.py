@@ -278,7 +278,8 @@ def remove_workspace(path: Path) -> None:
         raise OSError(f"could not remove workspace {path}") from None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (sweeps of leftovers use it to tell a dead owner from a live one)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -299,7 +300,7 @@ def sweep_stale_workspaces(parent: Path | None = None) -> list[Path]:
     removed = []
     for entry in sorted(candidates):
         owner = _OWNED_NAME.search(entry.name)
-        if owner is None or _pid_alive(int(owner.group(1))):
+        if owner is None or pid_alive(int(owner.group(1))):
             continue
         try:
             remove_workspace(entry)

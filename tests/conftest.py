@@ -70,3 +70,14 @@ def assert_merged_lora_checkpoint(out: Path, base_dir: Path) -> None:
     layer, base_layer = merged.model.layers[0].self_attn, base.model.layers[0].self_attn
     assert not torch.equal(layer.q_proj.weight, base_layer.q_proj.weight)  # adapted and merged
     assert torch.equal(layer.k_proj.weight, base_layer.k_proj.weight)  # not a LoRA target: untouched
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Torch on one CPU thread for a test module (restored after): micro models gain nothing from threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

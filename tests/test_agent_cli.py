@@ -143,10 +143,9 @@ def test_missing_checkpoint(repo, tmp_path):
     assert tree(repo, skip_git=False) == before
 
 
-def test_dirty_target_file_at_apply_time_is_refused(repo, replay):
-    """The user edits a file the agent changed while the session ran: nothing is applied, exit 2."""
-    proc = subprocess.Popen([*AGENT, "run", "--repo", str(repo), "--model", f"replay:{replay}", "fix add"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+def read_until(proc: subprocess.Popen, marker: bytes, timeout_s: float = 60) -> tuple[bytearray, threading.Thread]:
+    """(the process's stdout so far, its reader thread), once `marker` shows (or the process exits, or time
+    runs out); the thread keeps appending to the buffer until EOF, so join it for the rest."""
     seen = bytearray()
 
     def read() -> None:
@@ -155,9 +154,17 @@ def test_dirty_target_file_at_apply_time_is_refused(repo, replay):
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 60
-    while b"[y/N]" not in seen and time.monotonic() < deadline and proc.poll() is None:
+    deadline = time.monotonic() + timeout_s
+    while marker not in seen and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
+    return seen, reader
+
+
+def test_dirty_target_file_at_apply_time_is_refused(repo, replay):
+    """The user edits a file the agent changed while the session ran: nothing is applied, exit 2."""
+    proc = subprocess.Popen([*AGENT, "run", "--repo", str(repo), "--model", f"replay:{replay}", "fix add"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    seen, reader = read_until(proc, b"[y/N]")
     assert b"[y/N]" in seen, seen.decode()
     (repo / "calc/ops.py").write_text("def add(a, b):\n    return b + a  # my own fix\n")
     mine = tree(repo, skip_git=False)
@@ -194,17 +201,7 @@ def test_ask_user_asks_the_person_at_the_terminal(repo, tmp_path):
     proc = subprocess.Popen([*AGENT, "run", "--repo", str(repo), "--model", f"replay:{path}", "--no-apply", "x"],
                             stdin=secondary, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     os.close(secondary)
-    seen = bytearray()
-
-    def read() -> None:
-        while chunk := proc.stdout.read1(4096):
-            seen.extend(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 60
-    while b"your answer>" not in seen and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+    seen, reader = read_until(proc, b"your answer>")
     assert b"Which rounding mode?" in seen and b"your answer>" in seen, seen.decode()
     os.write(primary, b"banker's rounding\n")
     assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()

@@ -30,12 +30,7 @@ from nanocomposer.policy import ContextOverflow, ModelPolicy, _stable_seed
 LENGTHS = (3, 40, 700, 1500)  # very different prompt lengths in one batch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 140 k-parameter model gains nothing from threads
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # a 140 k-parameter model gains nothing from threads
 
 
 @pytest.fixture(scope="module")

@@ -39,12 +39,7 @@ from tests.conftest import make_calc_task
 STDLIB_FILES = ("json/encoder.py", "json/decoder.py", "textwrap.py", "shlex.py")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 140 k-parameter model gains nothing from threads
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # a 140 k-parameter model gains nothing from threads
 
 
 @pytest.fixture(scope="module")
