@@ -81,3 +81,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def harness_leftovers(tmp: Path) -> list[str]:
+    """Workspaces (directories and tmpfs mounts), grading copies and sandboxed processes of runs that used
+    `tmp` as their temp dir."""
+    import re
+
+    dirs = [str(p) for p in tmp.rglob("*") if p.is_dir() and re.match(r"(ws|grade)-", p.name)]
+    dirs += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(tmp) in line]
+    procs = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(tmp).encode() in cmdline.read_bytes():
+                procs.append(cmdline.parent.name)
+        except OSError:
+            continue
+    return dirs + procs

@@ -7,7 +7,12 @@ conversation. The last test runs real GRPOTrainer steps through train_rl.main (e
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import sysconfig
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +39,7 @@ from nanocomposer.rollout import (
     resolve_training_tasks,
     task_prompt_dataset,
 )
-from tests.conftest import make_calc_task
+from tests.conftest import ROOT, harness_leftovers, make_calc_task
 
 STDLIB_FILES = ("json/encoder.py", "json/decoder.py", "textwrap.py", "shlex.py")
 
@@ -298,3 +303,39 @@ def test_grpo_steps_through_train_rl(micro, tasks, tmp_path):
     assert (out / "README.md").is_file() and (out / "config.yaml").is_file()
     before, after = load_file(path / "model.safetensors"), load_file(out / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before), "two GRPO steps changed no weight"
+
+
+def test_a_killed_rl_run_leaves_nothing_the_next_run_does_not_sweep(micro, tasks, tmp_path):
+    # SIGKILL in the middle of a rollout (a crash, an OOM kill): sandboxed commands die with the trainer
+    # (bwrap --die-with-parent); its workspaces and cgroups carry its pid, and the next harness process
+    # to start removes them (env.sandbox.sweep_stale, env.workspace.sweep_stale_workspaces).
+    from env.sandbox import _pids_cgroup_parent
+
+    path, _, _ = micro
+    root, _ = tasks
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+    args = ["--model_name_or_path", str(path), "--tasks_dir", str(root), "--run", "k", "--runs_dir", str(tmp_path),
+            "--max_turns", "2", "--max_new_tokens", "12", "--num_generations", "2",
+            "--per_device_train_batch_size", "2", "--max_steps", "500", "--learning_rate", "0.01",
+            "--use_cpu", "true", "--bf16", "false", "--activation_checkpointing", "false", "--report_to", "none",
+            "--save_strategy", "no"]
+    proc = subprocess.Popen([sys.executable, "train_rl.py", *args], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not any(p.name.startswith("ws-") for p in tmp.rglob("ws-*")):  # an episode is live
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    time.sleep(1.0)  # the kernel tears the sandboxes' pid namespaces down
+    assert not [p for p in harness_leftovers(tmp) if p.isdigit()], "a sandboxed process outlived the trainer"
+    cgroups = _pids_cgroup_parent()
+    sweep = "import env.sandbox, env.workspace; env.sandbox.sweep_stale(); env.workspace.sweep_stale_workspaces()"
+    subprocess.run([sys.executable, "-c", sweep], cwd=ROOT, env=env, check=True, timeout=60)
+    assert harness_leftovers(tmp) == []
+    if cgroups is not None:
+        assert not list(cgroups.glob(f"sandbox-{proc.pid}-*")), "the killed run's cgroups were not swept"

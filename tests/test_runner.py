@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, make_calc_task
+from conftest import ROOT, harness_leftovers, make_calc_task
 
 from env.episode import EpisodeConfig, Generation, run_episode
 from env.policies import GoldPolicy, NoopPolicy, OraclePolicy
@@ -205,21 +205,6 @@ def _wait_for_records(path: Path, count: int, proc: subprocess.Popen, timeout: f
     raise AssertionError(f"{path} never reached {count} records (eval exited {proc.poll()})")
 
 
-def _leftovers(tmp: Path) -> list[str]:
-    """Workspaces (directories and tmpfs mounts), grading copies and sandboxed processes of runs that used
-    `tmp` as their temp dir."""
-    dirs = [str(p) for p in tmp.rglob("*") if p.is_dir() and re.match(r"(ws|grade)-", p.name)]
-    dirs += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(tmp) in line]
-    procs = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if str(tmp).encode() in cmdline.read_bytes():
-                procs.append(cmdline.parent.name)
-        except OSError:
-            continue
-    return dirs + procs
-
-
 def _final(output: Path) -> dict:
     results = json.loads(output.read_text())
     summary = {k: v for k, v in results["summary"].items() if k not in ("wall_s", "episode_wall_s", "task_sets")}
@@ -243,7 +228,7 @@ def test_eval_killed_midway_resumes_to_the_same_results(tmp_path):
     assert proc.wait(timeout=600) == 0, proc.stderr.read()
     assert _final(killed) == _final(whole)
     assert read_results(killed.with_name("killed.episodes.jsonl")) == json.loads(killed.read_text())["tasks"]
-    assert _leftovers(tmp) == []
+    assert harness_leftovers(tmp) == []
 
 
 def test_eval_sigint_exits_130_with_a_resume_line_and_keeps_records(tmp_path):
@@ -260,7 +245,7 @@ def test_eval_sigint_exits_130_with_a_resume_line_and_keeps_records(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("eval.py: interrupted: ") and lines[0].endswith("--resume"), err
     kept = read_results(episodes)
     assert len(kept) >= 2 and episodes.read_text().endswith("\n") and not output.exists()
-    assert _leftovers(tmp) == []
+    assert harness_leftovers(tmp) == []
 
 
 def test_a_finished_episodes_slot_is_refilled_while_others_run(tmp_path):
