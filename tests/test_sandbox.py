@@ -213,9 +213,9 @@ def test_host_secrets_are_invisible_under_bwrap(ws: Path, tmp_path: Path):
     r = sb.run(f"cat {secret_file}; cat /etc/shadow; ls -A {repo_git}; id -u")
     assert "TOP-SECRET" not in r.output and "root:" not in r.output and "HEAD" not in r.output, r.output
     assert r.output.splitlines()[-1] == "65534", r.output  # runs as nobody
-    # /root holds only the path down to the Python install (if it lives there), nothing else.
-    base = Path(sys.base_prefix).resolve()
-    expected = {base.relative_to("/root").parts[0]} if base.is_relative_to("/root") else set()
+    # /root holds only the paths down to the Python install and the venv (where they live there), nothing else.
+    roots = [Path(p).resolve() for p in (sys.base_prefix, sys.prefix)]
+    expected = {r.relative_to("/root").parts[0] for r in roots if r.is_relative_to("/root")}
     assert set(sb.run("ls -A /root 2>/dev/null").output.split()) == expected
 
 
