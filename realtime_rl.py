@@ -28,23 +28,16 @@ from trl import GRPOConfig, ModelConfig
 from env.task_sets import resolve_task_set
 from env.tasks import TaskError
 from nanocomposer.common import check_model_path, configure_device, finish_wandb, init_wandb, print0, run_main
-from nanocomposer.config import ConfigError, RecipeParser
+from nanocomposer.config import ConfigError, RecipeParser, recipe_reward_funcs
 from nanocomposer.realtime.config import RealtimeArguments
-from nanocomposer.realtime.rewards import reward_funcs
 
 STAGE = "realtime"
 
 
 def check_arguments(args: RealtimeArguments, training_args: GRPOConfig) -> None:
     """Everything about the recipe that can be wrong, checked before any process starts."""
-    try:
-        funcs = reward_funcs(args.reward_funcs, args.malformed_handling, args.ask_user_handling)
-    except ValueError as e:
-        raise ConfigError(f"reward_funcs: {e}") from None
-    weights = training_args.reward_weights
-    if weights is not None and len(weights) != len(funcs):
-        raise ConfigError(f"reward_weights has {len(weights)} values for {len(funcs)} reward_funcs "
-                          f"{args.reward_funcs}: give one weight per component")
+    recipe_reward_funcs(args.reward_funcs, training_args.reward_weights, malformed_handling=args.malformed_handling,
+                        ask_user_handling=args.ask_user_handling)
     if training_args.top_p != 1.0:
         raise ConfigError(f"top_p {training_args.top_p}: the agent server samples with top_p 1.0, and the trainer "
                           "must score tokens under the distribution they were drawn from; set top_p: 1.0")

@@ -30,7 +30,6 @@ from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
 from env.budget import Budget, BudgetError
 from env.episode import EpisodeConfig
-from env.rewards import get_reward_funcs
 from env.tasks import TaskError
 from nanocomposer.common import (
     check_model_path,
@@ -46,7 +45,7 @@ from nanocomposer.common import (
     start_stage_run,
     write_model_card,
 )
-from nanocomposer.config import ConfigError, RecipeParser, RLScriptArguments
+from nanocomposer.config import ConfigError, RecipeParser, RLScriptArguments, recipe_reward_funcs
 from nanocomposer.policy import SamplingConfig
 from nanocomposer.rollout import (
     AgentRollout,
@@ -95,15 +94,9 @@ class AgentGRPOTrainer(GRPOTrainer):
 
 def check_arguments(script_args: RLScriptArguments, training_args: GRPOConfig) -> list:
     """Everything about the recipe that can be wrong, checked before any model is loaded; the reward funcs."""
-    try:
-        reward_funcs = get_reward_funcs(script_args.reward_funcs, malformed_handling=script_args.malformed_handling,
-                                        ask_user_handling=script_args.ask_user_handling)
-    except ValueError as e:
-        raise ConfigError(f"reward_funcs: {e}") from None
-    weights = training_args.reward_weights
-    if weights is not None and len(weights) != len(reward_funcs):
-        raise ConfigError(f"reward_weights has {len(weights)} values for {len(reward_funcs)} reward_funcs "
-                          f"{script_args.reward_funcs}: give one weight per component")
+    reward_funcs = recipe_reward_funcs(script_args.reward_funcs, training_args.reward_weights,
+                                       malformed_handling=script_args.malformed_handling,
+                                       ask_user_handling=script_args.ask_user_handling)
     if script_args.truncated_episodes == "penalty" and "truncated" not in script_args.reward_funcs:
         raise ConfigError("truncated_episodes: penalty needs the `truncated` reward in reward_funcs "
                           "(with a weight)")

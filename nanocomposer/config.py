@@ -139,6 +139,22 @@ def check_values(arguments: Any) -> None:
         check_value(f.name, getattr(arguments, f.name, None))
 
 
+def recipe_reward_funcs(names: list[str], weights: list[float] | None, *, malformed_handling: str,
+                        ask_user_handling: str) -> list:
+    """The reward functions a recipe names (env/rewards.py), with the hack switches applied and one weight per
+    function; ConfigError naming the key otherwise. Shared by the stages that train on rewards."""
+    from env.rewards import get_reward_funcs
+
+    try:
+        funcs = get_reward_funcs(names, malformed_handling=malformed_handling, ask_user_handling=ask_user_handling)
+    except ValueError as e:
+        raise ConfigError(f"reward_funcs: {e}") from None
+    if weights is not None and len(weights) != len(funcs):
+        raise ConfigError(f"reward_weights has {len(weights)} values for {len(funcs)} reward_funcs "
+                          f"{names}: give one weight per component")
+    return funcs
+
+
 def default_run_name() -> str:
     """A pipeline run name from the local date and time, e.g. `20260314-1502`."""
     return time.strftime("%Y%m%d-%H%M%S")

@@ -25,12 +25,13 @@ import sqlite3
 import time
 from pathlib import Path
 
+from env.rewards import get_reward_funcs
 from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import SessionStore
 from nanocomposer.realtime.collect import collect
 from nanocomposer.realtime.gate import decide, evaluate, gate_markdown
 from nanocomposer.realtime.live import live_metrics, rollback_decision
-from nanocomposer.realtime.rewards import reward_funcs, reward_summary, session_facts
+from nanocomposer.realtime.rewards import reward_summary, session_facts
 from nanocomposer.realtime.server import AgentServer, run_users
 from nanocomposer.realtime.state import LoopState
 from nanocomposer.reporting import write_json_atomic
@@ -51,7 +52,8 @@ class Loop:
         self.dir = self.state_path.parent
         self.registry = Registry(self.dir / "registry")
         self.db = self.dir / "sessions.db"
-        self.funcs = reward_funcs(args.reward_funcs, args.malformed_handling, args.ask_user_handling)
+        self.funcs = get_reward_funcs(args.reward_funcs, malformed_handling=args.malformed_handling,
+                                      ask_user_handling=args.ask_user_handling)
         self.server: AgentServer | None = None
         self.wandb = None
         self.state = self._load_or_start()

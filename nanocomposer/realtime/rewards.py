@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from env.rewards import episode_facts, get_reward_funcs
+from env.rewards import episode_facts
 
 LIVE_KEYS = ("kept", "reverted", "dissatisfied")
 
@@ -24,10 +24,6 @@ def session_facts(record: dict, live: dict, *, max_turns: int, token_budget: int
     facts["live"] = {k: bool(live[k]) for k in LIVE_KEYS}
     facts["dropped"] = malformed_handling == "drop" and facts["malformed_calls"] > 0  # hack 1: leaves training
     return facts
-
-
-def reward_funcs(names: list[str], malformed_handling: str, ask_user_handling: str) -> list:
-    return get_reward_funcs(names, malformed_handling=malformed_handling, ask_user_handling=ask_user_handling)
 
 
 def component_values(funcs: list, facts: list[dict]) -> dict[str, list[float | None]]:
