@@ -3,6 +3,7 @@
     python train_sft.py --config recipes/tiny/sft.yaml --run demo                 # starts from runs/demo/cpt
     python train_sft.py --config recipes/gpu/sft.yaml --run r1                    # Qwen2.5-Coder-1.5B-Instruct + LoRA
     python train_sft.py --config recipes/tiny/sft.yaml --run demo --check_tasks artifacts/data/tasks/val --check_limit 8
+    python train_sft.py --config recipes/tiny/sft.yaml --run demo --harness_eval_tasks factory:val/ladder
 
 Data: a DatasetDict (save_to_disk) of rows {"messages", "tools" (JSON string), "task_id", "family", "tier"}
 written by data/build_sft.py. TRL's SFTTrainer renders each row with the tokenizer's chat template
@@ -19,7 +20,13 @@ recipes set RL's and eval's budgets); tool-call validity (share of assistant tur
 parse and validate), solve rate and mean turns go to W&B, check.json and the model card. The stage exits
 non-zero if the model never emits a valid tool call.
 
-Output: runs/<run>/sft/ with the model and tokenizer (LoRA merged), config.yaml, README.md, check.json.
+The harness eval during training (`--harness_eval_tasks`, nanocomposer/harness_eval.py): the live model plays
+held-out tasks (at most `harness_eval_limit`, spread over their families) at every evaluation, or every
+`harness_eval_steps` steps, and at the end; solve rate with its Wilson interval, tool-call validity, malformed
+rate and per-family solve rates go to W&B as eval/harness_*, the last measurement to the result and model card.
+
+Output: runs/<run>/sft/ with the model and tokenizer (LoRA merged), config.yaml, README.md, check.json, and
+harness_eval/step-<N>.jsonl (the episodes of each harness eval).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from nanocomposer.common import (
     write_model_card,
 )
 from nanocomposer.config import ConfigError, RecipeParser, SFTScriptArguments
+from nanocomposer.harness_eval import HarnessEvalCallback, plan_harness_eval
 
 STAGE = "sft"
 
@@ -125,6 +133,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         print0("[sft] warning: assistant_only_loss is off: system, user and tool tokens will be trained on")
     splits = [script_args.dataset_train_split, script_args.dataset_test_split]
     dataset = load_splits(script_args.dataset_path, splits, ["messages", "tools"])
+    harness_tasks = plan_harness_eval(script_args, training_args, dataset[script_args.dataset_train_split])
     dataset = dataset.select_columns(["messages", "tools"])  # metadata columns stay in the saved dataset
     check_tasks = []
     if script_args.check_tasks:
@@ -166,6 +175,10 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         processing_class=tokenizer,  # explicit: AutoTokenizer may re-type a custom tokenizer (pitfall 3)
         peft_config=peft_config(model_args),
     )
+    harness = None
+    if harness_tasks:  # after the trainer: it plays the trainer's (possibly PEFT-wrapped) live model
+        harness = HarnessEvalCallback.from_script_args(trainer, harness_tasks, script_args, output_dir / "harness_eval")
+        trainer.add_callback(harness)
 
     ################
     # Train, evaluate, save
@@ -189,6 +202,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         "final_eval_token_accuracy": final_eval.get("eval_mean_token_accuracy"),
         "train_steps_per_second": steps_run / train_seconds if train_seconds else 0.0,
         "train_seconds": train_seconds,
+        **(harness.final if harness else {}),  # the harness eval of the final step (nanocomposer/harness_eval.py)
     }
     trainer.end()
 

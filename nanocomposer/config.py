@@ -219,6 +219,42 @@ class SFTScriptArguments(StageArguments):
                                       metadata={"help": "Generated tokens per turn in the check (greedy)."})
     check_workers: int = field(default=1, metadata={"help": "Check episodes played at once (threads; generation "
                                                             "batched)."})
+    harness_eval_tasks: str | None = field(
+        default=None,
+        metadata={"help": "Held-out tasks the live model plays DURING training (nanocomposer/harness_eval.py), "
+                          "logged as eval/harness_* in W&B: a task directory or a task-set name "
+                          "(env/task_sets.py, e.g. factory:val/ladder). Greedy, with the check's turn and token "
+                          "budgets. Unset: none."},
+    )
+    harness_eval_limit: int | None = field(
+        default=60,
+        metadata={"help": "Play at most this many of harness_eval_tasks, spread evenly over their families "
+                          "(null: all)."},
+    )
+    harness_eval_steps: int | None = field(
+        default=None,
+        metadata={"help": "Play them every this many optimizer steps. Unset: at every evaluation (eval_steps)."},
+    )
+    harness_eval_on_start: bool = field(
+        default=False, metadata={"help": "Also play them before the first training step (step 0)."}
+    )
+    harness_eval_workers: int = field(
+        default=8,
+        metadata={"help": "Harness-eval episodes played at once (threads; their turns are generated as one batch)."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        for key in ("harness_eval_limit", "harness_eval_steps", "harness_eval_workers"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ArgumentError(key, value, "must be an integer >= 1")
+        if self.harness_eval_tasks is not None and not self.harness_eval_tasks.strip():
+            raise ArgumentError("harness_eval_tasks", self.harness_eval_tasks,
+                                "must not be empty (leave it unset for no harness eval)")
+        if not self.harness_eval_tasks and (self.harness_eval_steps is not None or self.harness_eval_on_start):
+            key = "harness_eval_steps" if self.harness_eval_steps is not None else "harness_eval_on_start"
+            raise ArgumentError(key, getattr(self, key), "schedules a harness eval, but harness_eval_tasks is not set")
 
     def check_budget(self) -> Budget:
         """The check's env.budget.Budget: its turn and token budgets (the recipe sets RL's and eval's), greedy,
