@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+from transformers.integrations.integration_utils import rewrite_logs
 
 import train_sft
 from data.families import ladder_copy
@@ -98,6 +99,9 @@ def test_numbers_are_the_runners(micro, tasks_dir, tmp_path):  # noqa: F811
     for key, value in expected.items():
         assert logged[f"eval_harness_{key}"] == pytest.approx(value), key
         assert callback.final[f"harness_{key}"] == pytest.approx(value), key
+    shown = rewrite_logs(logged)  # what transformers' W&B callback sends
+    assert shown["eval/harness_solve_rate"] == logged["eval_harness_solve_rate"]
+    assert "eval/harness_solve_rate/ladder_copy" in shown and "eval/harness_tool_call_validity" in shown
     assert (logged["eval_harness_solve_rate_ci95_low"], logged["eval_harness_solve_rate_ci95_high"]) == \
         pytest.approx(wilson_interval(2, 3), abs=1e-4)
     ours = {k: v for k, v in harness_metrics(records, 0.0).items() if not k.endswith("wall_s")}
