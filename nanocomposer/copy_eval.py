@@ -1,18 +1,24 @@
-"""In-context copy accuracy: can the model reproduce a random identifier it has just seen?
+"""In-context copy accuracy: can the model reproduce a random identifier it has seen earlier in its context?
 
 A probe is a held-out document of `data.build_copy_corpus` cut right before the second occurrence of one
 of its invented identifiers; the targets are the tokens that cover that occurrence. The identifiers are
 random syllables, new in every document, so only copying from the first occurrence predicts them.
+All scores are teacher-forced argmax accuracies, which is exactly what greedy decoding from the same
+prefix would write.
 
-`copy_accuracy` is the share of probes whose every target token is the model's argmax given the true
-prefix (teacher forcing). That is exactly "greedy decoding from the prefix writes the identifier": greedy
-emits the first target iff it is the argmax, and then continues from the same prefix the teacher-forced
-pass used. `copy_token_accuracy` averages over the target tokens instead.
+- `copy_accuracy` (the copy skill itself, induction): given the identifier's first token(s) as a cue, the
+  model writes the rest of it exactly. The cue is the shortest prefix of the occurrence whose last token,
+  everywhere earlier in the context, is followed by the same next token: copying then has one right
+  answer. A probe needs at least one token after the cue.
+- `next_name_accuracy`: the model writes the whole identifier at its second occurrence, cue included. That
+  also asks *which* name comes next, which the code often leaves open (`return a` or `return b`), so its
+  ceiling is below 1 even for a model that copies perfectly; it is logged beside, not instead.
+- `copy_token_accuracy` averages over the tokens after the cue instead of whole identifiers.
 
 The first target token can carry one character from before the identifier (the GPT-4 split regex glues
-one non-letter, e.g. a space or `(`, to the following letters): the model must then predict that
-character too. Contexts are cut to the last `max_context` tokens (the CPT block size: a longer context
-was never trained), and a probe whose first occurrence falls outside that window is not made.
+one non-letter, e.g. a space or `(`, to the following letters). Contexts are cut to the last
+`max_context` tokens (the CPT block size: a longer context was never trained), and a probe whose first
+occurrence falls outside that window is not made.
 
     python -m nanocomposer.copy_eval --model runs/demo/cpt --probes 200
 """
@@ -41,6 +47,7 @@ class CopyProbe:
     context: tuple[int, ...]
     targets: tuple[int, ...]
     identifier: str
+    cue: int = 1  # targets[:cue] are the cue; copy_accuracy scores targets[cue:]
 
 
 def make_probes(tokenizer, count: int = DEFAULT_PROBES, max_context: int = DEFAULT_MAX_CONTEXT,
@@ -79,7 +86,22 @@ def _document_probe(tokenizer, doc_seed: int, max_context: int) -> CopyProbe | N
         first = next(i for i, (a, b) in enumerate(offsets) if b > first_start)
         window_start = max(0, covering[0] - max_context)
         if first >= window_start and first < covering[0]:
-            return CopyProbe(tuple(ids[window_start:covering[0]]), tuple(ids[i] for i in covering), name)
+            context, targets = tuple(ids[window_start:covering[0]]), tuple(ids[i] for i in covering)
+            cue = unambiguous_cue(context, targets)
+            if cue is not None:
+                return CopyProbe(context, targets, name, cue)
+    return None
+
+
+def unambiguous_cue(context: tuple[int, ...], targets: tuple[int, ...]) -> int | None:
+    """The shortest cue length k >= 1 such that every earlier occurrence of targets[k-1] in context + the
+    cue is followed by targets[k] (one right answer for a copying model); None if no k < len(targets)."""
+    seen = context + targets
+    for k in range(1, len(targets)):
+        end = len(context) + k - 1  # position of the cue's last token
+        followers = {seen[i + 1] for i in range(end) if seen[i] == targets[k - 1]}
+        if followers == {targets[k]}:
+            return k
     return None
 
 
@@ -97,7 +119,7 @@ def copy_accuracy(model, probes: list[CopyProbe], batch_size: int = 32) -> dict[
     if hasattr(model, "eval"):
         model.eval()
     try:
-        exact, correct_tokens, total_tokens = 0, 0, 0
+        exact, whole_names, correct_tokens, total_tokens = 0, 0, 0, 0
         parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
         device = parameter.device if parameter is not None else torch.device("cpu")
         ordered = sorted(probes, key=lambda p: len(p.context) + len(p.targets))
@@ -117,15 +139,16 @@ def copy_accuracy(model, probes: list[CopyProbe], batch_size: int = 32) -> dict[
                                         rows_at.to(device), positions_at.to(device)).cpu().tolist()
             for probe in batch:
                 guesses, predicted = predicted[:len(probe.targets)], predicted[len(probe.targets):]
-                hits = sum(g == t for g, t in zip(guesses, probe.targets))
-                exact += hits == len(probe.targets)
-                correct_tokens += hits
-                total_tokens += len(probe.targets)
+                right = [g == t for g, t in zip(guesses, probe.targets)]
+                whole_names += all(right)
+                exact += all(right[probe.cue:])
+                correct_tokens += sum(right[probe.cue:])
+                total_tokens += len(probe.targets) - probe.cue
     finally:
         if was_training and hasattr(model, "train"):
             model.train()
     return {"copy_accuracy": exact / len(probes), "copy_token_accuracy": correct_tokens / total_tokens,
-            "copy_probes": len(probes)}
+            "next_name_accuracy": whole_names / len(probes), "copy_probes": len(probes)}
 
 
 def _predictions_at(model, input_ids, attention_mask, rows, positions) -> torch.Tensor:
@@ -140,8 +163,8 @@ def _predictions_at(model, input_ids, attention_mask, rows, positions) -> torch.
 
 
 class CopyAccuracyCallback(TrainerCallback):
-    """Logs `eval_copy_accuracy` and `eval_copy_token_accuracy` after every evaluation of a Trainer
-    (W&B shows them as eval/copy_accuracy, eval/copy_token_accuracy).
+    """Logs `eval_copy_accuracy`, `eval_copy_token_accuracy` and `eval_next_name_accuracy` after every
+    evaluation of a Trainer (W&B shows them as eval/copy_accuracy, ...).
 
     `log` is the trainer's `log` method: the values go through every logging callback and into
     `state.log_history` as their own entry at the evaluation's step. They are also added to the metrics
@@ -157,8 +180,7 @@ class CopyAccuracyCallback(TrainerCallback):
         if model is None or not state.is_world_process_zero:
             return
         result = copy_accuracy(model, self.probes, self.batch_size)
-        logs = {"eval_copy_accuracy": result["copy_accuracy"],
-                "eval_copy_token_accuracy": result["copy_token_accuracy"]}
+        logs = {f"eval_{key}": result[key] for key in ("copy_accuracy", "copy_token_accuracy", "next_name_accuracy")}
         if metrics is not None:
             metrics.update(logs)
         self.log(logs)

@@ -144,9 +144,10 @@ def test_copy_accuracy_separates_a_perfect_copier_from_a_random_model(code_token
     probes = make_probes(code_tokenizer, 60, max_context=128)
     vocab = len(code_tokenizer)
     assert copy_accuracy(Oracle(probes, vocab), probes, batch_size=16) == {
-        "copy_accuracy": 1.0, "copy_token_accuracy": 1.0, "copy_probes": 60}
+        "copy_accuracy": 1.0, "copy_token_accuracy": 1.0, "next_name_accuracy": 1.0, "copy_probes": 60}
     near = copy_accuracy(Oracle(probes, vocab, wrong_last=True), probes)
-    assert near["copy_accuracy"] == 0.0 and 0.5 < near["copy_token_accuracy"] < 1.0  # exact match is strict
+    assert near["copy_accuracy"] == near["next_name_accuracy"] == 0.0  # exact match is strict
+    assert 0.0 < near["copy_token_accuracy"] < 1.0
     torch.manual_seed(0)
     random_model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
                                                 num_hidden_layers=1, num_attention_heads=2,
@@ -164,7 +165,7 @@ def test_callback_logs_copy_accuracy_at_every_evaluation(code_tokenizer):
     metrics = {"eval_loss": 1.0}
     state = type("State", (), {"is_world_process_zero": True})()
     callback.on_evaluate(None, state, None, model=Oracle(probes, len(code_tokenizer)), metrics=metrics)
-    assert logged == [{"eval_copy_accuracy": 1.0, "eval_copy_token_accuracy": 1.0}]
+    assert logged == [{"eval_copy_accuracy": 1.0, "eval_copy_token_accuracy": 1.0, "eval_next_name_accuracy": 1.0}]
     assert metrics["eval_copy_accuracy"] == 1.0
 
 
@@ -228,3 +229,13 @@ def test_head_benchmark_paths_agree_on_the_loss():
     assert set(results) == {"full", "trl_fused", "trl_fused_compact", "labelled_only"}
     losses = [r["loss"] for r in results.values()]
     assert max(losses) - min(losses) < 1e-5 and all(r["seconds"] > 0 for r in results.values())
+
+
+def test_the_cue_is_the_shortest_prefix_with_one_right_continuation():
+    from nanocomposer.copy_eval import unambiguous_cue
+
+    # context "5 7 9 5 8": token 5 was followed by 7 and by 8, so a one-token cue 5 is ambiguous
+    assert unambiguous_cue((5, 7, 9, 5, 8), (5, 7, 9)) == 2  # 5 7 -> 9: 7 was only ever followed by 9
+    assert unambiguous_cue((1, 5, 7, 9), (5, 7, 9)) == 1
+    assert unambiguous_cue((1, 2), (3, 4)) is None  # never seen: nothing to copy from
+    assert unambiguous_cue((5, 6), (5,)) is None  # no token left after the cue
