@@ -272,8 +272,12 @@ class CodeTools:
             command = f"python -m pytest -q -p no:cacheprovider {shlex.quote(target if target[0] != '-' else './' + target)}"
         else:
             command = self.task.meta.get("visible_test_command", self.task.test_command) if self.task else ""
+            if self.task and "visible_test_command" not in self.task.meta and self.task.gold_answer is not None:
+                # an answer-graded task's test_command is its hidden checker: running it in the workspace
+                # only fails with "can't open file <absolute workspace path>", noise that differs every run
+                command = ""
             if not command:
-                return "This task has no visible tests to run."
+                return "This task has no visible tests to run: it is graded on the answer you submit."
         timeout = self.task.timeout_s if self.task else self.command_timeout_s
         return self._exec(command, timeout)
 

@@ -156,3 +156,18 @@ def test_tool_schemas_are_what_transformers_and_trl_build():
         expected["function"].pop("return", None)
         expected["function"]["parameters"]["properties"].pop("self", None)
         assert function_schema(getattr(CodeTools, name)) == expected, name
+
+
+def test_run_tests_on_an_answer_graded_task_says_there_is_nothing_to_run(tmp_path):
+    """An answer task's test_command is its hidden checker: running it in the workspace would only fail."""
+    from env.tasks import load_task, write_task
+
+    task = load_task(write_task(tmp_path / "t", id="answer-task", instruction="Which file defines `zorb`?",
+                                test_command="python check_answer.py", repo={"a.py": "zorb = 1\n"},
+                                hidden={"check_answer.py": "raise SystemExit(0)\n"}, gold_answer="a.py"))
+    workspace = make_workspace(task.repo_dir)
+    try:
+        output = CodeTools(workspace, task).run_tests()
+    finally:
+        remove_workspace(workspace)
+    assert "no visible tests" in output and "check_answer" not in output
