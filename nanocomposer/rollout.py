@@ -113,8 +113,10 @@ def resolve_training_tasks(spec: str | Path, limit: int | None = None) -> tuple[
                 tasks.append(task)
     if not sources:
         raise TaskError("no task set given")
-    # the factory root (holding manifest.json) when every part comes from one build, else the first source
-    roots = {s.parent if (s.parent / "manifest.json").is_file() else s for s in sources}
+    # a source's own manifest (e.g. a selected edge set), else the factory root (holding manifest.json) when
+    # every part comes from one build, else the first source
+    roots = {s if (s / "manifest.json").is_file() or not (s.parent / "manifest.json").is_file() else s.parent
+             for s in sources}
     return tasks[:limit], roots.pop() if len(roots) == 1 else sources[0]
 
 
