@@ -46,7 +46,7 @@ from env.episode import EpisodeConfig, Trajectory
 from env.metrics import BOOTSTRAP_RESAMPLES
 from env.runner import Interrupted, ResultsFileError, TaskRef
 from env.task_sets import TaskSet, humaneval_cache, resolve_task_set
-from env.tasks import Task, TaskError
+from env.tasks import Task, TaskError, spread_subset
 from nanocomposer import reporting
 from nanocomposer.config import RecipeParser
 from nanocomposer.policies import (
@@ -76,7 +76,8 @@ class EvalArguments:
     resume: bool = field(default=False, metadata={"help": "skip the episodes already in the episodes file"})
     workers: int = field(default=4, metadata={"help": "episodes played at once (threads; generation batched)"})
     samples: int = field(default=1, metadata={"help": "episodes per task, seeds seed..seed+k-1 (pass@1..k)"})
-    limit: int | None = field(default=None, metadata={"help": "only the first N tasks of each set (sorted by id)"})
+    limit: int | None = field(default=None, metadata={
+        "help": "only N tasks of each set, evenly spaced over it by id (so every family of a mixed set is in)"})
     backend: str = field(default="auto", metadata={"help": "generation backend for checkpoints: auto = vllm on a "
                                                            "GPU with vllm installed, else transformers",
                                                    "choices": list(BACKENDS)})
@@ -142,15 +143,16 @@ def run_benchmark(task_sets: list[TaskSet], policy_spec: str, config: EpisodeCon
     """results.json for one policy on several task sets: overall and per-set summaries, one record per episode.
 
     A set's tasks that did not load (`TaskSet.invalid`) are played too: each becomes one invalid_task record
-    with the reason, so a broken task counts as a failure instead of vanishing. `limit`: the first N tasks
-    (valid or not) of each set, by id.
+    with the reason, so a broken task counts as a failure instead of vanishing. `limit`: N tasks (valid or
+    not) of each set, evenly spaced over it by id (ids start with the family, so every family is in).
     """
     refs = []
     for ts in task_sets:
         fields = {"task_set": ts.name}
         valid = [TaskRef(t, {**fields, "family": t.meta.get("family"), "tier": t.meta.get("tier")}) for t in ts.tasks]
         invalid = [TaskRef(Path(d), {**fields, "family": None, "tier": None}) for d, _ in getattr(ts, "invalid", [])]
-        refs += sorted(valid + invalid, key=lambda r: r.id)[:limit]
+        ordered = sorted(valid + invalid, key=lambda r: r.id)
+        refs += ordered if limit is None else spread_subset(ordered, limit)
     records, wall_s, workers = run_policy(policy_spec, refs, config, sampling, samples=samples, workers=workers,
                                           backend=backend, results_path=results_path, resume=resume,
                                           progress=progress)

@@ -184,6 +184,16 @@ def test_run_benchmark_reports_each_task_set(two_tasks, tmp_path):
     assert [r["task_set"] for r in results["tasks"]] == [str(two_tasks)] * 2 + ["ext"]
 
 
+def test_limit_spreads_over_the_set_so_every_family_is_in(tmp_path):
+    """Ids start with the family, so the first N tasks of a mixed set would be one family."""
+    for task_id in ("copy-1", "copy-2", "locate-1", "locate-2"):
+        write_task(tmp_path / task_id, id=task_id, instruction="x", test_command="true", repo={"a.py": ""},
+                   family=task_id.split("-")[0])
+    results = eval_py.run_benchmark([resolve_task_set(str(tmp_path))], "noop", EpisodeConfig(max_turns=1),
+                                    progress=False, limit=2)
+    assert [r["id"] for r in results["tasks"]] == ["copy-1", "locate-1"]
+
+
 # --------------------------------------------------------------------------- recipes, bad input, resume
 
 ROOT = Path(__file__).resolve().parents[1]
