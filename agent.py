@@ -2,6 +2,7 @@
 
     python agent.py run --repo PATH [--model CKPT|oracle|replay:FILE] [--test-command CMD] "instruction"
     python agent.py serve [--host 127.0.0.1] [--port 8765] [--workers 4] [--model SPEC] [--token TOKEN]
+        [--temperature T] [--top-p P] [--seed S] [--max-new-tokens N] [--max-turns N]
     python agent.py sessions [--status S] [--export FILE.jsonl]
     python agent.py registry {list | add NAME SPEC | promote NAME}
 
@@ -11,6 +12,12 @@ questions, shows the diff and applies it only when you say so (`--yes`), byte fo
 nothing changed) if a file it would touch changed in the repository meanwhile. `serve` runs the same sessions
 behind a local HTTP API (nanocomposer/agent/api.py) with every session logged to SQLite for real-time RL.
 Nothing leaves the machine: the model runs locally and tool commands run in the sandbox with no network.
+
+Budgets and sampling settings default to env/budget.py's `Budget` (the one source of their defaults) and are
+checked by it: a bad value exits 2 with one line naming the flag. A checkpoint samples each turn with a seed
+derived from `--seed`, the episode key and the turn (nanocomposer/policy.py): `run` keys its one episode by the
+repository's name (same seed, repository name and conversation: the same sample); `serve` keys a session by its
+`sample_key` (else its id; nanocomposer/agent/manager.py).
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+from env.budget import Budget, BudgetError
 
 DEFAULT_HOME = Path("runs") / "agent"
 EXIT_ERROR = 2
@@ -31,14 +40,38 @@ def fail(message: str) -> int:
 
 
 def _episode_args(p: argparse.ArgumentParser) -> None:
-    from env.episode import EpisodeConfig
-
-    p.add_argument("--max-turns", type=int, default=EpisodeConfig.max_turns)
-    p.add_argument("--max-new-tokens", type=int, default=256, help="per turn (checkpoint policies)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checkpoint policies)")
+    # Defaults come from env/budget.py's Budget (the one source of budgets and sampling settings); the flags
+    # are checked by Budget too (`_budget`), so a bad value is the same one-line error here as in every stage.
+    p.add_argument("--max-turns", type=int, default=Budget.max_turns, help="turns per session (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=Budget.max_new_tokens,
+                   help="tokens generated per turn, checkpoint policies (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=Budget.temperature,
+                   help="sampling temperature, checkpoint policies; 0 = greedy (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=Budget.top_p,
+                   help="nucleus sampling in (0, 1], checkpoint policies; 1 = off (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=Budget.seed,
+                   help="sampling seed (>= 0): each turn samples with a seed derived from it, the session's sample "
+                        "key and the turn, so the same seed and session sample the same tokens; also the oracle's "
+                        "scripted variety (default: %(default)s)")
     p.add_argument("--backend", default="auto", choices=("auto", "transformers", "vllm"))
     p.add_argument("--registry", default=str(DEFAULT_HOME / "registry"),
                    help="model registry (versions/<name>/ + current); the default model is its current version")
+
+
+# Budget keys -> the flags that set them, so a bad value's error names the flag the user typed.
+BUDGET_FLAGS = {"max_turns": "--max-turns", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
+                "top_p": "--top-p", "seed": "--seed"}
+
+
+def _budget(args, wall_s: float, wall_flag: str) -> Budget:
+    """The Budget the flags describe, validated by Budget; a bad value is a ValueError naming its flag."""
+    flags = {**BUDGET_FLAGS, "max_wall_s": wall_flag}
+    try:
+        return Budget(max_turns=args.max_turns, max_wall_s=wall_s, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    except BudgetError as e:  # "budget: top_p=1.5: must be in (0, 1]"
+        key, _, rest = str(e).partition(": ")[2].partition("=")
+        raise ValueError(f"{flags[key]} {rest}" if key in flags else str(e)) from None
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -51,7 +84,8 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", default=None, help="checkpoint dir | oracle | gold | noop | replay:FILE "
                      "(default: the registry's current version)")
     run.add_argument("--test-command", default=None, help="what run_tests runs (default: none)")
-    run.add_argument("--max-wall-s", type=float, default=600.0)
+    run.add_argument("--max-wall-s", type=float, default=Budget.max_wall_s,
+                     help="wall-clock budget of the session in seconds (default: %(default)s)")
     run.add_argument("--no-input", action="store_true", help="answer ask_user with the scripted no-information reply")
     decide = run.add_mutually_exclusive_group()
     decide.add_argument("--yes", action="store_true", help="apply the changes without asking")
@@ -67,7 +101,9 @@ def make_parser() -> argparse.ArgumentParser:
                        help="bearer token ($NANOCOMPOSER_TOKEN); required unless bound to localhost")
     serve.add_argument("--workers", type=int, default=4)
     serve.add_argument("--max-queue", type=int, default=64)
-    serve.add_argument("--session-timeout-s", type=float, default=600.0)
+    serve.add_argument("--session-timeout-s", type=float, default=Budget.max_wall_s,
+                       help="wall-clock budget per session in seconds; longer requests are capped to it "
+                            "(default: %(default)s)")
     serve.add_argument("--answer-timeout-s", type=float, default=120.0)
     serve.add_argument("--db", default=str(DEFAULT_HOME / "sessions.db"))
     serve.add_argument("--model", default=None, help="register this spec and make it current")
@@ -99,17 +135,18 @@ def _model_spec(args) -> str:
     return reg.spec(reg.current())
 
 
-def _build_policy(spec: str, args):
-    from nanocomposer.policies import build_policy, is_scripted
+def _build_policy(spec: str, budget: Budget, backend: str):
+    from nanocomposer.policies import build_policy, is_scripted, seed_policy
 
     if not is_scripted(spec) and not Path(spec).is_dir():  # local directories only: nothing is fetched
         raise ValueError(f"checkpoint {spec!r} not found (not a directory, and not a scripted policy: "
                          "oracle, gold, noop, replay:FILE)")
     try:
-        return build_policy(spec, {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature},
-                            args.backend)
+        policy = build_policy(spec, budget.sampling(), backend)
     except Exception as e:  # noqa: BLE001  (a missing or broken checkpoint is one line, not a traceback)
         raise ValueError(f"model {spec!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    seed_policy(policy, budget.seed)  # build_policy leaves the seed out of SamplingConfig: set it here
+    return policy
 
 
 def cmd_run(args) -> int:
@@ -117,21 +154,25 @@ def cmd_run(args) -> int:
 
     from env.episode import EpisodeConfig
     from nanocomposer.agent.changes import ApplyError, apply_changes
-    from nanocomposer.agent.episodes import run_session, stage_repo
+    from nanocomposer.agent.episodes import run_session, stage_repo, sweep_stale_sessions
     from nanocomposer.agent.terminal import TurnPrinter, confirm, print_diff, terminal_answerer
 
     repo = Path(args.repo)
+    try:
+        budget = _budget(args, args.max_wall_s, "--max-wall-s")
+    except ValueError as e:
+        return fail(str(e))
     if not repo.is_dir():
         return fail(f"--repo {args.repo!r} is not a directory")
     try:
-        policy = _build_policy(_model_spec(args), args)
+        policy = _build_policy(_model_spec(args), budget, args.backend)
         gold = Path(args.gold_patch).read_text() if args.gold_patch else None
     except (ValueError, OSError) as e:
         return fail(str(e))
+    sweep_stale_sessions()  # what killed runs and servers left behind (dead owners only)
     console = Console(highlight=False)
     interactive = sys.stdin.isatty() and not args.no_input
-    config = EpisodeConfig(max_turns=args.max_turns, max_wall_s=args.max_wall_s,
-                           ask_user=terminal_answerer(console, interactive))
+    config = EpisodeConfig.from_budget(budget, ask_user=terminal_answerer(console, interactive))
     task = stage_repo(repo, args.instruction, args.test_command, gold)
     console.print(f"[bold]nanocomposer agent[/bold] on {repo.resolve()} (a sandboxed copy; model {policy.name})")
     try:
@@ -168,15 +209,22 @@ def cmd_run(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from nanocomposer.agent.manager import ServerConfig
+    try:
+        budget = _budget(args, args.session_timeout_s, "--session-timeout-s")
+    except ValueError as e:
+        return fail(str(e))
+    for flag, value in (("--workers", args.workers), ("--max-queue", args.max_queue)):
+        if value < 1:
+            return fail(f"{flag} {value}: must be at least 1")
+    if not args.answer_timeout_s >= 0:
+        return fail(f"--answer-timeout-s {args.answer_timeout_s}: must be >= 0 seconds")
+    from nanocomposer.agent.manager import ServerConfig  # after the checks: bad flags fail before the imports
     from nanocomposer.agent.registry import RegistryError
     from nanocomposer.agent.serve import serve
 
-    if args.workers < 1 or args.max_queue < 1:
-        return fail("--workers and --max-queue must be at least 1")
-    config = ServerConfig(workers=args.workers, max_queue=args.max_queue, session_timeout_s=args.session_timeout_s,
-                          answer_timeout_s=args.answer_timeout_s, max_turns=args.max_turns, backend=args.backend,
-                          sampling={"max_new_tokens": args.max_new_tokens, "temperature": args.temperature})
+    config = ServerConfig(workers=args.workers, max_queue=args.max_queue, session_timeout_s=budget.max_wall_s,
+                          answer_timeout_s=args.answer_timeout_s, max_turns=budget.max_turns, backend=args.backend,
+                          sampling=budget.sampling())
     try:
         serve(host=args.host, port=args.port, token=args.token, db=args.db, registry=args.registry, config=config,
               model=args.model, version=args.version)

@@ -1,10 +1,16 @@
 """Simulated users: a seeded population of developers that uses the agent server over plain HTTP.
 
     python -m env.users --server http://127.0.0.1:8765 --tasks samples --sessions 20 \\
-        --recipe recipes/tiny/users.yaml [--token T] [--report users.json]
+        --recipe recipes/tiny/users.yaml [--seed S] [--offset N] [--task-limit M] [--token T] [--report users.json]
 
 Each conversation takes a task from a set training never saw (held-out factory splits, the samples) and
-a user with parameters drawn from the recipe. The user sends the task's instruction (POST /sessions with the
+a user with parameters drawn from the recipe. Which tasks (`draw_tasks`): the set, in the order of its task
+ids, cut to the range [offset, offset + task_limit), shuffled by the seed; conversation i takes the i-th task
+of that order (cycling). Runs over non-overlapping ranges never ask for the same task, so fresh traffic for an
+A/B comparison is `--offset` past what training traffic drew from (`--task-limit`). The seed (the recipe's,
+or `--seed`) also draws every user's patience, answers, follow-ups, feedback noise and timing, so the same
+seed, offset and limit replay the same sessions, each sent with a `sample_key` naming its conversation
+(the server derives its sampling seeds from it, so a server with the same `--seed` samples the same tokens). The user sends the task's instruction (POST /sessions with the
 task directory), follows the session's turns (long-poll), answers `ask_user` questions (from the hidden spec
 with probability `answer_helpful_p`, else "just do it"), and gives up on a session slower than its patience
 (feedback `abandoned`). When the session ends the user judges it with information the agent never saw:
@@ -29,7 +35,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import httpx
@@ -131,7 +137,24 @@ def judge(task: Task, diff: str, submission: str) -> bool:
         remove_workspace(workspace)
 
 
+def draw_tasks(tasks: list[Task], seed: int, offset: int = 0, limit: int | None = None) -> list[Task]:
+    """The tasks of a run in the order its conversations take them (module docstring): the set sorted by task
+    id, cut to [offset, offset + limit) (limit None: to the end), shuffled by `seed`. ValueError naming the
+    flag for a range that does not fit the set."""
+    ordered = sorted(tasks, key=lambda t: t.id)
+    if offset < 0 or offset >= len(ordered):
+        raise ValueError(f"--offset {offset}: must be in [0, {len(ordered)}) (the task set has {len(ordered)} tasks)")
+    if limit is not None and not 1 <= limit <= len(ordered) - offset:
+        raise ValueError(f"--task-limit {limit}: must be in [1, {len(ordered) - offset}] (the task set has "
+                         f"{len(ordered)} tasks, {len(ordered) - offset} from --offset {offset})")
+    drawn = ordered[offset:None if limit is None else offset + limit]
+    random.Random(f"users-tasks:{seed}").shuffle(drawn)
+    return drawn
+
+
 class Simulation:
+    """Conversation i (0-based) plays `tasks[i % len(tasks)]` with a user drawn from (pop.seed, i)."""
+
     def __init__(self, server: str, tasks: list[Task], pop: Population, token: str | None = None,
                  transport: httpx.BaseTransport | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -147,6 +170,12 @@ class Simulation:
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
             self.stats[key] += n
+
+    def sample_key(self, index: int) -> str:
+        """What the server derives conversation `index`'s sampling seeds from: the same in every replay of this
+        population (seed) on these tasks, different for every other conversation. Follow-ups get the server's
+        `<key>/followup<n>`."""
+        return f"users:{self.pop.seed}:{index}:{self.tasks[index % len(self.tasks)].id}"
 
     # ------------------------------------------------------------------ http
     def _post(self, path: str, body: dict) -> httpx.Response:
@@ -171,7 +200,8 @@ class Simulation:
         rng = random.Random(f"{self.pop.seed}:{index}")
         task = self.tasks[index % len(self.tasks)]
         patience = rng.uniform(*self.pop.patience_s)
-        body = {"task_dir": str(task.root), "client": f"user-{index}", "timeout_s": self.pop.session_timeout_s}
+        body = {"task_dir": str(task.root), "client": f"user-{index}", "timeout_s": self.pop.session_timeout_s,
+                "sample_key": self.sample_key(index)}
         r = self._post("/sessions", body)
         for depth in range(self.pop.max_followups + 1):
             if r.status_code not in (201, 202):
@@ -244,7 +274,9 @@ class Simulation:
                                                                                         self.feedback_sent)),
                 "unfinished_after_drain": unfinished, "wall_s": round(wall, 3),
                 "sessions_per_s": round(len(self.accepted) / wall, 3) if wall else None,
-                "stats": dict(self.stats), "latencies": self.latencies, "population": asdict(self.pop)}
+                "stats": dict(self.stats), "latencies": self.latencies, "population": asdict(self.pop),
+                "seed": self.pop.seed,
+                "conversation_tasks": [self.tasks[i % len(self.tasks)].id for i in range(sessions)]}
 
     def drain(self, timeout_s: float) -> list[str]:
         """Wait until every accepted session (abandoned ones too) has ended; the ids that did not."""
@@ -265,12 +297,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", required=True, help="task set: samples | factory:<split>[/...] | a directory")
     p.add_argument("--sessions", type=int, required=True, help="conversations to play (follow-ups come on top)")
     p.add_argument("--recipe", required=True, help="the population's parameters (YAML)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the population's RNG: which tasks, users, answers, follow-ups, feedback timing "
+                        "(default: the recipe's seed)")
+    p.add_argument("--offset", type=int, default=0,
+                   help="skip the first N tasks of the set (ordered by task id): runs over disjoint ranges ask "
+                        "for disjoint tasks (default: 0)")
+    p.add_argument("--task-limit", type=int, default=None,
+                   help="draw only from the M tasks after --offset (default: all of them)")
     p.add_argument("--token", default=None, help="bearer token, when the server needs one")
     p.add_argument("--report", default=None, help="write the run's report (JSON) here")
     args = p.parse_args(argv)
     try:
+        if args.sessions < 1:
+            raise ValueError(f"--sessions {args.sessions}: must be at least 1")
+        if args.seed is not None and args.seed < 0:
+            raise ValueError(f"--seed {args.seed}: must be >= 0")
         pop = load_population(args.recipe)
-        tasks = resolve_task_set(args.tasks).tasks
+        pop = replace(pop, seed=pop.seed if args.seed is None else args.seed)
+        task_set = resolve_task_set(args.tasks)
+        tasks = draw_tasks(task_set.tasks, pop.seed, args.offset, args.task_limit)
     except (ValueError, TaskError) as e:
         print(f"env.users: error: {e}", file=sys.stderr)
         return 2
@@ -279,9 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     except httpx.HTTPError as e:
         print(f"env.users: error: server {args.server}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    report["traffic"] = {"task_set": args.tasks, "seed": pop.seed, "offset": args.offset,
+                         "task_limit": args.task_limit, "set_size": len(task_set.tasks),
+                         "tasks": [t.id for t in tasks]}
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k not in ("accepted_ids", "latencies", "population")}))
+    hidden = ("accepted_ids", "latencies", "population", "conversation_tasks")
+    summary = {k: v for k, v in report.items() if k not in hidden}
+    print(json.dumps({**summary, "traffic": {k: v for k, v in report["traffic"].items() if k != "tasks"}}))
     return 0
 
 

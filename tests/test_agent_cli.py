@@ -268,3 +268,34 @@ def test_apply_refuses_and_writes_nothing(tmp_path):
     with pytest.raises(ApplyError, match="src is no longer a directory"):
         apply_changes(repo, work, changes)
     assert (outside / "a.py").read_text() == "a\n" and not (repo / "new.py").exists()
+
+
+BAD_FLAGS = [("--top-p", "1.5", "must be in (0, 1]"), ("--top-p", "0", "must be in (0, 1]"),
+             ("--temperature", "-0.5", "must be >= 0"), ("--seed", "-1", "must be an integer >= 0"),
+             ("--max-new-tokens", "0", "must be an integer >= 1"), ("--max-turns", "0", "must be an integer >= 1")]
+
+
+def test_bad_budget_and_sampling_flags_are_one_line_naming_the_flag(repo, tmp_path):
+    serve = [*AGENT, "serve", "--port", "0", "--model", "noop", "--db", str(tmp_path / "s.db"),
+             "--registry", str(tmp_path / "registry")]
+    cases = [(serve, flag, value, must) for flag, value, must in BAD_FLAGS]
+    cases += [([*AGENT, "run", "--repo", str(repo), "--model", "noop", "x"], "--top-p", "2", "must be in (0, 1]"),
+              ([*AGENT, "run", "--repo", str(repo), "--model", "noop", "x"], "--max-wall-s", "0", "> 0"),
+              (serve, "--session-timeout-s", "-1", "> 0"), (serve, "--workers", "0", "at least 1")]
+    for cmd, flag, value, must in cases:
+        proc = subprocess.run([*cmd, flag, value], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+        line = one_line_error(proc)
+        assert line.startswith(f"agent.py: error: {flag} ") and must in line, (flag, line)
+    assert not (tmp_path / "s.db").exists() and not (tmp_path / "registry").exists()  # refused before any work
+
+
+def test_budget_defaults_come_from_budget():
+    from env.budget import Budget
+
+    proc = subprocess.run([*AGENT, "serve", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=True)
+    text = " ".join(proc.stdout.split())
+    for flag, default in [("--max-turns", Budget.max_turns), ("--max-new-tokens", Budget.max_new_tokens),
+                          ("--temperature", Budget.temperature), ("--top-p", Budget.top_p), ("--seed", Budget.seed),
+                          ("--session-timeout-s", Budget.max_wall_s)]:
+        after = text.split(f" {flag} ")[1]
+        assert f"(default: {default})" in after.split(" --")[0], (flag, after[:200])

@@ -24,11 +24,13 @@ TASK = SAMPLES_DIR / "fix_bug_leap_century"
 class Server:
     """`agent.py serve --port 0` in a subprocess; the port is read from its first line of output."""
 
-    def __init__(self, tmp: Path, *args: str, host: str = "127.0.0.1", token: str | None = None):
+    def __init__(self, tmp: Path, *args: str, host: str = "127.0.0.1", token: str | None = None,
+                 env: dict | None = None):
         self.db, self.host, self.token = tmp / "sessions.db", host, token
         cmd = [sys.executable, str(ROOT / "agent.py"), "serve", "--host", host, "--port", "0", "--db", str(self.db),
                "--registry", str(tmp / "registry"), *args, *(["--token", token] if token else [])]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=env)
         line = self.proc.stdout.readline()
         assert "agent server on http://" in line, line + self.proc.stderr.read()
         self.url = line.split()[3]
@@ -255,3 +257,121 @@ def test_promote_refuses_a_checkpoint_that_would_not_load(tmp_path: Path):
     with pytest.raises(RegistryError, match="'broken' cannot be promoted: .*model.safetensors"):
         registry.promote("broken")
     assert registry.current() == "good"
+
+
+def users_run(url: str, recipe: Path, report: Path, *flags: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "env.users", "--server", url, "--tasks", "samples", "--sessions", "4",
+                           "--recipe", str(recipe), "--report", str(report), *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(report.read_text())
+
+
+def test_users_seed_and_offset_replay_the_same_sessions_and_disjoint_ranges(tmp_path):
+    """The same --seed/--offset replays the same sessions (tasks, sample keys, follow-ups, feedback); a disjoint
+    --offset range asks for none of the same tasks."""
+    recipe = tmp_path / "users.yaml"
+    recipe.write_text("concurrency: 2\npatience_s: [60, 60]\npoll_s: 2\nanswer_delay_s: [0, 0]\n"
+                      "revert_delay_s: [0, 0]\nfollowup_p: 0.5\nmax_followups: 1\n")
+    server = Server(tmp_path, "--model", "noop", "--workers", "2")  # noop: nothing passes, follow-ups are drawn
+
+    def sessions(report: dict) -> list[tuple]:
+        ids = report["accepted_ids"]
+        rows = server.db_rows(f"SELECT id, sample_key, task_id, instruction, client, parent_id FROM sessions "
+                              f"WHERE id IN ({','.join('?' * len(ids))})", tuple(ids))
+        key_of = {r[0]: r[1] for r in rows}
+        feedback = server.db_rows(f"SELECT session_id, kind, value FROM feedback WHERE session_id IN "
+                                  f"({','.join('?' * len(ids))}) ORDER BY id", tuple(ids))
+        return sorted((key, task, instruction, client, key_of.get(parent),
+                       sorted((k, v) for sid, k, v in feedback if sid == session_id))
+                      for session_id, key, task, instruction, client, parent in rows)
+
+    try:
+        first = users_run(server.url, recipe, tmp_path / "a.json", "--seed", "5", "--offset", "1", "--task-limit", "2")
+        again = users_run(server.url, recipe, tmp_path / "b.json", "--seed", "5", "--offset", "1", "--task-limit", "2")
+        fresh = users_run(server.url, recipe, tmp_path / "c.json", "--seed", "5", "--offset", "3")
+    finally:
+        server.stop()
+    ids = sorted(t.id for t in load_task_set(SAMPLES_DIR))  # 5 sample tasks
+    assert first["traffic"] == {"task_set": "samples", "seed": 5, "offset": 1, "task_limit": 2, "set_size": 5,
+                                "tasks": first["traffic"]["tasks"]}
+    assert sorted(first["traffic"]["tasks"]) == ids[1:3] and set(first["conversation_tasks"]) == set(ids[1:3])
+    replay = sessions(first)
+    assert replay == sessions(again) and first["conversation_tasks"] == again["conversation_tasks"]
+    assert len(replay) > 4 and first["stats"].get("followups", 0) >= 1  # some users followed up, the same ones
+    followups = [s for s in replay if s[4] is not None]
+    assert all(key == f"{parent}/followup1" for key, _, _, _, parent, _ in followups)
+    assert {s[0] for s in replay if s[4] is None} == {f"users:5:{i}:{t}" for i, t in
+                                                      enumerate(first["conversation_tasks"])}
+    assert not set(fresh["conversation_tasks"]) & set(first["conversation_tasks"])
+    assert sorted(fresh["traffic"]["tasks"]) == ids[3:]
+
+
+def test_a_killed_servers_staged_sessions_are_swept_at_the_next_start(tmp_path):
+    tmp = tmp_path / "tmp"  # the servers' temp directory, where sessions are staged
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    server = Server(tmp_path, "--model", f"replay:{ask_then_submit(tmp_path)}", "--workers", "1", env=env)
+    sid = server.http.post("/sessions", json={"task_dir": str(TASK)}).json()["id"]
+    server.wait_status(sid, ("waiting",))
+    staged = sorted(tmp.glob("agent-session-*"))
+    assert [p.name.split("-")[2] for p in staged] == [str(server.proc.pid)]  # named after its owner
+    server.stop(signal.SIGKILL)
+    assert all(p.is_dir() for p in staged)  # a killed server cannot clean up
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp / f"agent-session-{gone.pid}-abcd1234"
+    live = tmp / f"agent-session-{os.getpid()}-abcd1234"  # another live server's session
+    unnamed = tmp / "agent-session-abcd1234"  # made before sessions were named after their owner: whose?
+    for d in (dead, live, unnamed):
+        (d / "repo").mkdir(parents=True)
+    server = Server(tmp_path, "--model", "noop", "--workers", "1", env=env)
+    try:
+        assert not dead.exists() and not any(p.exists() for p in staged)
+        assert live.is_dir() and unnamed.is_dir()
+        # a session on the new server also clears the killed one's episode workspace (env.workspace's sweep)
+        sid = server.http.post("/sessions", json={"task_dir": str(TASK)}).json()["id"]
+        assert server.wait_status(sid, ("finished",))["status"] == "finished"
+    finally:
+        server.stop()
+    assert sorted(tmp.glob("agent-session-*")) == sorted([live, unnamed])  # its own sessions cleaned up too
+
+
+@pytest.mark.slow  # builds and loads a micro model three times (~15 s on a quiet machine)
+def test_the_same_seed_and_sample_key_sample_the_same_tokens(tmp_path):
+    """In process: a session's turns sample from (server --seed, its sample key, turn), not from which sessions
+    the worker's policy served before; --top-p reaches the sampler."""
+    from conftest import save_micro_checkpoint
+
+    from nanocomposer.agent.manager import ServerConfig, SessionManager
+    from nanocomposer.agent.registry import Registry
+    from nanocomposer.agent.store import TERMINAL, SessionStore
+
+    registry = Registry(tmp_path / "registry")
+    registry.add("micro", str(save_micro_checkpoint(tmp_path / "micro")))
+    registry.promote("micro")
+
+    def serve(name: str, sampling: dict, keys: list[str | None]) -> tuple[SessionStore, list[str], list[list[int]]]:
+        store = SessionStore(tmp_path / f"{name}.db")
+        config = ServerConfig(workers=1, max_turns=1, backend="transformers",
+                              sampling={"max_new_tokens": 16, "temperature": 1.0, **sampling})
+        manager = SessionManager(store, registry, config)
+        manager.start()
+        try:
+            ids = [manager.submit(task_dir=str(TASK), sample_key=key) for key in keys]
+            deadline = time.monotonic() + 300
+            while any(store.session(i)["status"] not in TERMINAL for i in ids) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            manager.stop()
+        assert all(store.session(i)["status"] == "finished" for i in ids), [store.session(i) for i in ids]
+        return store, ids, [store.turns(i)[0]["completion_ids"] for i in ids]
+
+    store, ids, tokens = serve("seed7", {"seed": 7}, ["k1", "k2", "k1", None])
+    assert tokens[0] == tokens[2]  # the same key, after two other sessions on the same policy object
+    assert tokens[0] != tokens[1] and tokens[3] != tokens[0]
+    assert store.session(ids[3])["sample_key"] == ids[3] and store.export_record(ids[0])["episode_key"] == "k1"
+    assert serve("seed8", {"seed": 8}, ["k1"])[2][0] != tokens[0]  # another server seed: another sample
+    _, _, greedy = serve("greedy", {"seed": 7, "temperature": 0.0}, ["k1", "k2"])
+    _, _, nucleus = serve("top_p", {"seed": 7, "top_p": 1e-6}, ["k1", "k2"])  # only the top token is left
+    assert nucleus == greedy and greedy[0] != tokens[0]

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from env.task_sets import SAMPLES_DIR
-from env.tasks import load_task
-from env.users import Population, Simulation, hidden_spec, judge, load_population
+from env.tasks import load_task, load_task_set
+from env.users import Population, Simulation, draw_tasks, hidden_spec, judge, load_population
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = load_task(SAMPLES_DIR / "fix_bug_leap_century")
@@ -122,3 +122,44 @@ def test_cli_errors_are_one_line(tmp_path):
                            "--sessions", "1", "--recipe", str(tmp_path / "missing.yaml")],
                           cwd=ROOT, capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("env.users: error: users recipe")
+
+
+def test_draw_tasks_ranges_are_disjoint_and_the_seed_orders_them():
+    tasks = load_task_set(SAMPLES_DIR)  # 5 tasks
+    ids = sorted(t.id for t in tasks)
+    first, rest = draw_tasks(tasks, 3, offset=0, limit=2), draw_tasks(list(reversed(tasks)), 3, offset=2)
+    assert {t.id for t in first} == set(ids[:2]) and {t.id for t in rest} == set(ids[2:])  # by id, any load order
+    assert [t.id for t in draw_tasks(tasks, 3, offset=2)] == [t.id for t in rest]  # same seed: same order
+    orders = {tuple(t.id for t in draw_tasks(tasks, seed)) for seed in range(8)}
+    assert len(orders) > 1 and all(sorted(o) == ids for o in orders)  # the seed permutes, never drops
+    for offset, limit, flag in [(5, None, "--offset 5"), (-1, None, "--offset -1"), (3, 3, "--task-limit 3"),
+                                (0, 0, "--task-limit 0")]:
+        with pytest.raises(ValueError, match=flag):
+            draw_tasks(tasks, 0, offset, limit)
+
+
+def test_conversations_send_a_sample_key_per_conversation():
+    server, bodies = FakeServer(TASK.gold_patch), []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path == "/sessions":
+            bodies.append(json.loads(request.content))
+        return server.handler(request)
+
+    pop = Population(seed=4, concurrency=1, poll_s=0.01, answer_delay_s=(0, 0), revert_delay_s=(0, 0))
+    other = load_task(SAMPLES_DIR / "fix_lint_caesar")
+    report = Simulation("http://fake", [TASK, other], pop, transport=httpx.MockTransport(handler)).run(3, drain_s=5)
+    assert [b["sample_key"] for b in bodies] == [f"users:4:0:{TASK.id}", f"users:4:1:{other.id}",
+                                                 f"users:4:2:{TASK.id}"]
+    assert report["seed"] == 4 and report["conversation_tasks"] == [TASK.id, other.id, TASK.id]
+
+
+def test_cli_rejects_a_range_the_task_set_does_not_have(tmp_path):
+    for flags, named in [(["--offset", "5"], "--offset 5"), (["--offset", "4", "--task-limit", "2"], "--task-limit 2"),
+                         (["--seed", "-1"], "--seed -1"), (["--sessions", "0"], "--sessions 0")]:
+        argv = ["--server", "http://127.0.0.1:9", "--tasks", "samples", "--sessions", "1",
+                "--recipe", str(ROOT / "recipes/tiny/users.yaml"), *flags]
+        proc = subprocess.run([sys.executable, "-m", "env.users", *argv], cwd=ROOT, capture_output=True, text=True,
+                              check=False)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"env.users: error: {named}"), proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1

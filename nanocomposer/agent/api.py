@@ -1,7 +1,9 @@
 """The agent server's HTTP API (FastAPI). Every error is JSON with an "error" string naming the problem.
 
     POST /sessions                    {"repo": DIR, "instruction": str} or {"task_dir": DIR} (+ test_command,
-                                      timeout_s, client) -> 201 {"id", "status"}; 429 when the queue is full
+                                      timeout_s, client, sample_key: what the session's sampling seeds derive
+                                      from, default its id: manager.py) -> 201 {"id", "status"}; 429 when the
+                                      queue is full
     GET  /sessions                    ?status=S&limit=N: a list
     GET  /sessions/{id}               status, turns (tool calls with their results), diff, pending question;
                                       ?after_turn=K only turns >= K; ?wait_s=S long-polls (at most 60 s) until a
@@ -45,6 +47,7 @@ class NewSession(BaseModel):
     test_command: str | None = None
     timeout_s: float | None = None
     client: str | None = Field(default=None, max_length=200)
+    sample_key: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class Message(BaseModel):

@@ -11,31 +11,59 @@ prompt, tools, parsing, budgets and exit statuses. What differs is only where th
                                     with what only the simulated user knows
     run_session(task, policy, ...)  the episode on a workspace copy of the base; returns the trajectory, the
                                     changes and the diff; the caller applies or discards, then `cleanup()`s
+
+A staged task lives in `<tmp>/agent-session-<pid>-<random>`, named after the process that made it, so
+`sweep_stale_sessions` (run when `agent.py serve` and `agent.py run` start) can remove what a killed process
+left behind without touching a live server's sessions (as env/workspace.py does for workspaces; the pid check
+assumes the processes sharing <tmp> share one pid namespace).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from env.episode import EpisodeConfig, Trajectory, run_episode
+from env.episode import EpisodeConfig, Trajectory, TurnRequest, run_episode
 from env.tasks import Task
-from env.workspace import remove_workspace
+from env.workspace import pid_alive, remove_workspace
 from nanocomposer.agent.changes import Change, compute_changes, render_diff
+
+STAGING_PREFIX = "agent-session-"
+_STAGING_NAME = re.compile(rf"^{STAGING_PREFIX}(\d+)-[a-z0-9_]{{8}}$")  # <prefix><pid>-<mkdtemp's 8 characters>
 
 
 def _staging_root(source: Path) -> Path:
-    root = Path(tempfile.mkdtemp(prefix="agent-session-"))
+    root = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
     try:
         shutil.copytree(source, root / "repo", symlinks=True)
     except BaseException:
         remove_workspace(root)
         raise
     return root
+
+
+def sweep_stale_sessions(parent: Path | None = None) -> list[Path]:
+    """Remove staged sessions (`<parent>/agent-session-<pid>-<random>`, parent: the temp directory) whose
+    owning process is dead, e.g. a server killed with SIGKILL; returns what was removed. Names without a
+    pid (made before sessions were named after their owner) are left alone: nothing says whose they are."""
+    parent = Path(tempfile.gettempdir() if parent is None else parent)
+    removed = []
+    for entry in sorted(parent.glob(f"{STAGING_PREFIX}*")):
+        owner = _STAGING_NAME.match(entry.name)
+        if owner is None or entry.is_symlink() or not entry.is_dir() or pid_alive(int(owner.group(1))):
+            continue
+        try:
+            remove_workspace(entry)
+        except OSError:
+            continue  # removed concurrently by another sweeper, or not removable: try again next start
+        removed.append(entry)
+    return removed
 
 
 def stage_repo(repo: Path, instruction: str, test_command: str | None = None,
@@ -65,19 +93,34 @@ class ObservedPolicy:
 
     run_episode appends the assistant message and one tool message per call to the list it passes to
     `act`, and only then calls `on_turn`; the last len(calls) messages are that turn's results.
+
+    With an `episode_key`, a policy that samples per request (`act_batch`, a checkpoint) is asked for each turn
+    as `TurnRequest(messages, tools, episode_key, turn)`, so its per-turn seeds derive from (its sampling seed,
+    the key, the turn) and not from how many sessions the same policy object served before (`act` counts
+    them), which depends on the worker a session landed on. Scripted policies are asked with `act`.
     """
 
-    def __init__(self, policy):
+    def __init__(self, policy, episode_key: str | None = None):
         self.policy = policy
         self.name = getattr(policy, "name", type(policy).__name__)
         self.messages: list[dict] = []
+        self.episode_key = episode_key
+        self.turn = 0
 
     def reset(self, task: Task) -> None:
+        self.turn = 0
         self.policy.reset(task)
 
     def act(self, messages: list[dict], tools: list[dict]):
         self.messages = messages
-        return self.policy.act(messages, tools)
+        act_batch = getattr(self.policy, "act_batch", None)
+        if self.episode_key is None or not callable(act_batch):
+            return self.policy.act(messages, tools)
+        (result,) = act_batch([TurnRequest(messages, tools, self.episode_key, self.turn)])
+        self.turn += 1
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def results_of(self, record: dict) -> list[str]:
         n = len(record["calls"])
@@ -105,14 +148,16 @@ class SessionResult:
 
 
 def run_session(task: Task, policy, config: EpisodeConfig | None = None,
-                on_turn: Callable[[dict, list[str]], None] | None = None) -> SessionResult:
-    """One episode on a staged task; `on_turn(record, results)` sees each turn with its tool results."""
-    observed = ObservedPolicy(policy)
+                on_turn: Callable[[dict, list[str]], None] | None = None,
+                episode_key: str | None = None) -> SessionResult:
+    """One episode on a staged task; `on_turn(record, results)` sees each turn with its tool results.
+    `episode_key`: what the policy's sampling seeds derive from (ObservedPolicy), recorded in the trajectory."""
+    observed = ObservedPolicy(policy, episode_key)
     config = dataclasses.replace(config or EpisodeConfig(), keep_workspace=True,
                                  on_turn=(lambda record: on_turn(record, observed.results_of(record)))
                                  if on_turn else None)
     try:
-        traj = run_episode(task, observed, config)
+        traj = run_episode(task, observed, config, episode_key)
     except BaseException:
         remove_workspace(task.root)
         raise

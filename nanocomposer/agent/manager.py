@@ -9,6 +9,14 @@ continues on the same worker.
 
 Each worker keeps the policy of the version it last served: a checkpoint is loaded once per worker, not per
 session (run_episode drives one policy per episode; the batched runner in env/runner.py is not used yet).
+
+Sampling is reproducible per session: a checkpoint policy samples each turn with a seed derived from the
+server's sampling seed (`ServerConfig.sampling["seed"]`, `agent.py serve --seed`), the session's sample key and
+the turn (nanocomposer/policy.py), whichever worker runs it and whatever it ran before. The sample key is the
+client's `sample_key` (a simulated user sends one per conversation, so a replayed population replays its
+samples), else the session id (every session its own draw); a follow-up's is its parent's plus
+`/followup<n>`. Same seed, same key, same model and conversation: the same tokens (up to floating point:
+batched and GPU numerics).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from env.tools import NO_INFORMATION
 from nanocomposer.agent.episodes import run_session, stage_repo, stage_task_dir
 from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import TERMINAL, SessionStore
-from nanocomposer.policies import build_policy
+from nanocomposer.policies import build_policy, seed_policy
 
 
 class QueueFull(Exception):
@@ -43,7 +51,7 @@ class ServerConfig:
     session_timeout_s: float = 600.0  # the episode's wall-clock budget; longer requests are capped to it
     answer_timeout_s: float = 120.0  # how long a session waits for an ask_user answer
     max_turns: int = EpisodeConfig.max_turns
-    sampling: dict = field(default_factory=dict)  # checkpoint policies (max_new_tokens, temperature, ...)
+    sampling: dict = field(default_factory=dict)  # env.budget.Budget.sampling() keys (max_new_tokens, seed, ...)
     backend: str = "auto"
 
 
@@ -88,12 +96,14 @@ class SessionManager:
     # ------------------------------------------------------------- requests
     def submit(self, *, instruction: str | None = None, repo: str | None = None, task_dir: str | None = None,
                test_command: str | None = None, timeout_s: float | None = None, client: str | None = None,
-               parent_id: str | None = None) -> str:
+               parent_id: str | None = None, sample_key: str | None = None) -> str:
         """Queue a session; BadRequest for unusable input, QueueFull when the queue is at its limit."""
         if (repo is None) == (task_dir is None):
             raise BadRequest("give exactly one of 'repo' (a repository directory) or 'task_dir' (a task directory)")
         if timeout_s is not None and timeout_s <= 0:
             raise BadRequest(f"timeout_s must be positive, got {timeout_s}")
+        if sample_key is not None and not sample_key.strip():
+            raise BadRequest("sample_key must be a non-empty string (or left out: the session id is used)")
         timeout_s = min(timeout_s or self.config.session_timeout_s, self.config.session_timeout_s)
         task_id = None
         if repo is not None:
@@ -115,7 +125,8 @@ class SessionManager:
                                 f"{self.config.workers} workers); retry later")
             session_id = self.store.create(source="repo" if repo else "task_dir", instruction=instruction, repo=repo,
                                            task_dir=task_dir, task_id=task_id, test_command=test_command,
-                                           timeout_s=timeout_s, client=client, parent_id=parent_id)
+                                           timeout_s=timeout_s, client=client, parent_id=parent_id,
+                                           sample_key=sample_key)
             self._queue.append(session_id)
             self._cond.notify_all()
         return session_id
@@ -133,9 +144,11 @@ class SessionManager:
         """A new session on the same repository or task: the instruction plus what the user says now."""
         parent = self.store.session(session_id)
         instruction = f"{parent['instruction']}\n\nFollow-up from the user on the previous attempt: {text}"
+        earlier = sum(m["kind"] == "followup" for m in self.store.user_messages(session_id))
         child = self.submit(instruction=instruction, repo=parent["repo"], task_dir=parent["task_dir"],
                             test_command=parent["test_command"] if parent["source"] == "repo" else None,
-                            timeout_s=parent["timeout_s"], client=client or parent["client"], parent_id=session_id)
+                            timeout_s=parent["timeout_s"], client=client or parent["client"], parent_id=session_id,
+                            sample_key=f"{parent['sample_key'] or session_id}/followup{earlier + 1}")
         self.store.add_message(session_id, "followup", text)
         return child
 
@@ -176,7 +189,9 @@ class SessionManager:
         if version not in policies:
             policies.clear()  # one checkpoint in memory per worker
             spec = self.registry.spec(version)
-            policies[version] = build_policy(spec, self.config.sampling, self.config.backend)
+            policy = build_policy(spec, self.config.sampling, self.config.backend)
+            seed_policy(policy, int(self.config.sampling.get("seed") or 0))  # build_policy leaves the seed out
+            policies[version] = policy
         return policies[version]
 
     def _run(self, session_id: str, policies: dict) -> None:
@@ -201,7 +216,7 @@ class SessionManager:
             self.store.add_turn(session_id, record, results)
             self._bump(session_id)
 
-        result = run_session(task, policy, config, on_turn=on_turn)
+        result = run_session(task, policy, config, on_turn=on_turn, episode_key=s["sample_key"] or session_id)
         try:
             timed_out = result.trajectory.exit_status == ExitStatus.TIMEOUT.value
             reason = f"the session exceeded its time limit of {s['timeout_s']:g} s" if timed_out else None

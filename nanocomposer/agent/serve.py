@@ -2,6 +2,9 @@
 
 Bound to 127.0.0.1 by default. Binding anything else (another address, 0.0.0.0, a LAN interface) requires a
 token: the server runs code on this machine on behalf of whoever can reach it.
+
+At start the staged sessions a killed server left in the temp directory are removed (`sweep_stale_sessions`:
+only those whose owning process is dead, so servers sharing the machine keep theirs).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import socket
 import sys
 
 from nanocomposer.agent.api import create_app
+from nanocomposer.agent.episodes import sweep_stale_sessions
 from nanocomposer.agent.manager import ServerConfig, SessionManager
 from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import SessionStore
@@ -46,6 +50,10 @@ def serve(*, host: str, port: int, token: str | None, db: str, registry: str, co
         raise ValueError(f"registry {registry!r} has no current version: pass --model SPEC (a checkpoint "
                          "directory or a scripted policy) or promote one")
     reg.spec(reg.current())
+    swept = sweep_stale_sessions()
+    if swept:
+        print(f"agent server: removed {len(swept)} staged sessions left by dead processes", file=sys.stderr,
+              flush=True)
     store = SessionStore(db)
     manager = SessionManager(store, reg, config)
     sock = bind(host, port)

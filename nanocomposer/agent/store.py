@@ -1,6 +1,7 @@
 """Agent sessions in SQLite (stdlib sqlite3, WAL): what real-time RL learns from.
 
-Per session: the model version that served it, the task and instruction, every turn with its exact prompt and
+Per session: the model version that served it, the task and instruction, the sample key its sampling seeds
+derive from (the client's `sample_key`, else the session id), every turn with its exact prompt and
 completion token ids and sampling logprobs, every tool call (arguments, malformed flag, error, the result the
 model saw, wall time), the exit status, per-turn latency, the final diff, the user's messages (answers to
 ask_user, follow-ups) and every feedback event with its timestamp.
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     test_command TEXT,
     timeout_s REAL,
     client TEXT,
+    sample_key TEXT,
     exit_status TEXT,
     solved INTEGER,
     submission TEXT,
@@ -105,6 +107,8 @@ CREATE TABLE IF NOT EXISTS feedback (
     created_at REAL NOT NULL
 );
 """
+# Columns added after the first release of the schema: (name, type), added to older databases when opened.
+ADDED_COLUMNS = (("sample_key", "TEXT"),)
 _TRAJECTORY_COLUMNS = ("messages", "tools", "grade", "submission", "error", "exit_status", "solved", "wall_s",
                        "gen_s", "env_s", "grade_s", "command_s", "task_id", "policy")
 _JSON_COLUMNS = ("grade", "messages", "tools", "arguments", "prompt_ids", "completion_ids", "logprobs")
@@ -136,6 +140,10 @@ class SessionStore:
         with self.transaction() as db:
             for statement in filter(str.strip, SCHEMA.split(";")):  # executescript would commit on its own
                 db.execute(statement)
+            columns = {r["name"] for r in db.execute("PRAGMA table_info(sessions)")}
+            for column, kind in ADDED_COLUMNS:  # a database made before the column existed
+                if column not in columns:
+                    db.execute(f"ALTER TABLE sessions ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
         with self._lock:
@@ -159,13 +167,15 @@ class SessionStore:
     # ----------------------------------------------------------------- writes
     def create(self, *, source: str, instruction: str, repo: str | None = None, task_dir: str | None = None,
                task_id: str | None = None, test_command: str | None = None, timeout_s: float | None = None,
-               client: str | None = None, parent_id: str | None = None) -> str:
+               client: str | None = None, parent_id: str | None = None, sample_key: str | None = None) -> str:
+        """A queued session; its `sample_key` (what its sampling seeds derive from) is the given one, else its id."""
         session_id = uuid.uuid4().hex
         with self.transaction() as db:
             db.execute("INSERT INTO sessions (id, parent_id, status, created_at, source, repo, task_dir, task_id, "
-                       "instruction, test_command, timeout_s, client) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       "instruction, test_command, timeout_s, client, sample_key) "
+                       "VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (session_id, parent_id, time.time(), source, repo, task_dir, task_id, instruction,
-                        test_command, timeout_s, client))
+                        test_command, timeout_s, client, sample_key or session_id))
         return session_id
 
     def start(self, session_id: str, version: str | None, policy: str | None) -> None:
@@ -260,7 +270,8 @@ class SessionStore:
 
     def sessions(self, status: str | None = None, limit: int | None = None) -> list[dict]:
         sql = "SELECT id, parent_id, status, status_reason, created_at, started_at, finished_at, model_version, " \
-              "policy, source, task_id, instruction, exit_status, solved, changed_files, wall_s FROM sessions"
+              "policy, source, task_id, instruction, client, sample_key, exit_status, solved, changed_files, wall_s " \
+              "FROM sessions"
         args: tuple = ()
         if status:
             sql, args = sql + " WHERE status = ?", (status,)
@@ -281,7 +292,7 @@ class SessionStore:
                           solved=bool(s["solved"]), submission=s["submission"] or "", grade=s["grade"] or {},
                           error=s["error"] or "", wall_s=s["wall_s"] or 0.0, gen_s=s["gen_s"] or 0.0,
                           env_s=s["env_s"] or 0.0, grade_s=s["grade_s"] or 0.0, command_s=s["command_s"] or 0.0,
-                          episode_key=session_id)
+                          episode_key=s["sample_key"] or session_id)
         own = {k: v for k, v in s.items() if k not in _TRAJECTORY_COLUMNS}
         return traj.to_record(token_ids=True, session_id=own.pop("id"), **own, feedback=self.feedback(session_id),
                               user_messages=self.user_messages(session_id))
