@@ -1,7 +1,8 @@
 """Simulated users: a seeded population of developers that uses the agent server over plain HTTP.
 
     python -m env.users --server http://127.0.0.1:8765 --tasks samples --sessions 20 \\
-        --recipe recipes/tiny/users.yaml [--seed S] [--offset N] [--task-limit M] [--token T] [--report users.json]
+        --recipe recipes/tiny/users.yaml [--seed S] [--offset N] [--task-limit M] [--start K] [--token T] \\
+        [--report users.json]
 
 Each conversation takes a task from a set training never saw (held-out factory splits, the samples) and
 a user with parameters drawn from the recipe. Which tasks (`draw_tasks`): the set, in the order of its task
@@ -262,10 +263,13 @@ class Simulation:
         return not passed or slow
 
     # --------------------------------------------------------------- a run
-    def run(self, sessions: int, drain_s: float = 600.0) -> dict:
+    def run(self, sessions: int, drain_s: float = 600.0, start: int = 0) -> dict:
+        """Conversations start .. start + sessions - 1: a run cut short continues with `start` = the conversations
+        it played, and gets the users, tasks and sample keys the whole run would have had."""
         t0 = time.monotonic()
+        played = range(start, start + sessions)
         with ThreadPoolExecutor(self.pop.concurrency) as pool:
-            for f in [pool.submit(self.conversation, i) for i in range(sessions)]:
+            for f in [pool.submit(self.conversation, i) for i in played]:
                 f.result()
         unfinished = self.drain(drain_s)
         wall = time.monotonic() - t0
@@ -275,8 +279,8 @@ class Simulation:
                 "unfinished_after_drain": unfinished, "wall_s": round(wall, 3),
                 "sessions_per_s": round(len(self.accepted) / wall, 3) if wall else None,
                 "stats": dict(self.stats), "latencies": self.latencies, "population": asdict(self.pop),
-                "seed": self.pop.seed,
-                "conversation_tasks": [self.tasks[i % len(self.tasks)].id for i in range(sessions)]}
+                "seed": self.pop.seed, "first_conversation": start,
+                "conversation_tasks": [self.tasks[i % len(self.tasks)].id for i in played]}
 
     def drain(self, timeout_s: float) -> list[str]:
         """Wait until every accepted session (abandoned ones too) has ended; the ids that did not."""
@@ -305,14 +309,18 @@ def main(argv: list[str] | None = None) -> int:
                         "for disjoint tasks (default: 0)")
     p.add_argument("--task-limit", type=int, default=None,
                    help="draw only from the M tasks after --offset (default: all of them)")
+    p.add_argument("--start", type=int, default=0,
+                   help="the first conversation's number: a run cut short after N conversations continues with "
+                        "--start N (the same users, tasks and sample keys as uncut) (default: 0)")
     p.add_argument("--token", default=None, help="bearer token, when the server needs one")
     p.add_argument("--report", default=None, help="write the run's report (JSON) here")
     args = p.parse_args(argv)
     try:
         if args.sessions < 1:
             raise ValueError(f"--sessions {args.sessions}: must be at least 1")
-        if args.seed is not None and args.seed < 0:
-            raise ValueError(f"--seed {args.seed}: must be >= 0")
+        for flag, value in (("--seed", args.seed), ("--start", args.start)):
+            if value is not None and value < 0:
+                raise ValueError(f"{flag} {value}: must be >= 0")
         pop = load_population(args.recipe)
         pop = replace(pop, seed=pop.seed if args.seed is None else args.seed)
         task_set = resolve_task_set(args.tasks)
@@ -321,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"env.users: error: {e}", file=sys.stderr)
         return 2
     try:
-        report = Simulation(args.server, tasks, pop, args.token).run(args.sessions)
+        report = Simulation(args.server, tasks, pop, args.token).run(args.sessions, start=args.start)
     except httpx.HTTPError as e:
         print(f"env.users: error: server {args.server}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

@@ -152,11 +152,17 @@ def test_conversations_send_a_sample_key_per_conversation():
     assert [b["sample_key"] for b in bodies] == [f"users:4:0:{TASK.id}", f"users:4:1:{other.id}",
                                                  f"users:4:2:{TASK.id}"]
     assert report["seed"] == 4 and report["conversation_tasks"] == [TASK.id, other.id, TASK.id]
+    cut = bodies[:]
+    bodies.clear()
+    resumed = Simulation("http://fake", [TASK, other], pop, transport=httpx.MockTransport(handler)).run(
+        2, drain_s=5, start=1)  # a run cut short after one conversation continues where it stopped
+    assert bodies == cut[1:] and resumed["conversation_tasks"] == [other.id, TASK.id]
 
 
 def test_cli_rejects_a_range_the_task_set_does_not_have(tmp_path):
     for flags, named in [(["--offset", "5"], "--offset 5"), (["--offset", "4", "--task-limit", "2"], "--task-limit 2"),
-                         (["--seed", "-1"], "--seed -1"), (["--sessions", "0"], "--sessions 0")]:
+                         (["--seed", "-1"], "--seed -1"), (["--sessions", "0"], "--sessions 0"),
+                         (["--start", "-2"], "--start -2")]:
         argv = ["--server", "http://127.0.0.1:9", "--tasks", "samples", "--sessions", "1",
                 "--recipe", str(ROOT / "recipes/tiny/users.yaml"), *flags]
         proc = subprocess.run([sys.executable, "-m", "env.users", *argv], cwd=ROOT, capture_output=True, text=True,
