@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from env.budget import Budget
 from env.episode import EpisodeConfig, ExitStatus
 from env.tasks import TaskError, load_task
 from env.tools import NO_INFORMATION
@@ -48,9 +49,9 @@ class BadRequest(ValueError):
 class ServerConfig:
     workers: int = 4
     max_queue: int = 64  # sessions waiting for a worker; one more is refused (HTTP 429)
-    session_timeout_s: float = 600.0  # the episode's wall-clock budget; longer requests are capped to it
+    session_timeout_s: float = Budget.max_wall_s  # the episode's wall-clock budget; longer requests are capped to it
     answer_timeout_s: float = 120.0  # how long a session waits for an ask_user answer
-    max_turns: int = EpisodeConfig.max_turns
+    max_turns: int = Budget.max_turns
     sampling: dict = field(default_factory=dict)  # env.budget.Budget.sampling() keys (max_new_tokens, seed, ...)
     backend: str = "auto"
 
