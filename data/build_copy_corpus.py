@@ -204,8 +204,38 @@ def _transcript(rng: random.Random, definitions: tuple[str, list[str]], exported
             f"<tool_response>\n{result}\n</tool_response>\n")
 
 
-def generate_split(split: str, count: int, seed: int = 0) -> list[Document]:
-    return [generate_document(document_seed(split, i, seed)) for i in range(count)]
+def generate_dense_document(doc_seed: int) -> Document:
+    """A document made almost only of copies whose order the context fixes: names imported and then
+    re-exported in `__all__`, parameters forwarded in the same order, keyword arguments passed as
+    `name=name`. Every reuse has exactly one right answer, so the loss there falls only by copying,
+    which is the gradient that forms induction heads; the standard documents mix such copies with
+    reuses whose choice the code leaves open (`return a` or `return b`)."""
+    rng = random.Random(f"copy-dense:{doc_seed}")
+    names = Names(rng)
+    package, module = names.snake((1, 1)), names.snake((1, 2))
+    exported = [rng.choice((names.snake, names.upper, names.camel))() for _ in range(rng.randint(3, 7))]
+    lines = [f"from {package}.{module} import (", *(f"    {n}," for n in exported), ")", "",
+             "__all__ = [", *(f'    "{n}",' for n in exported), "]", ""]
+    for _ in range(rng.randint(1, 3)):
+        wrapper, target = names.snake(), rng.choice(exported)
+        params = [names.snake((1, 2)) for _ in range(rng.randint(2, 4))]
+        call = (", ".join(params) if rng.random() < 0.5 else ", ".join(f"{p}={p}" for p in params))
+        lines += [f"def {wrapper}({', '.join(params)}):", f"    return {target}({call})", ""]
+    text = f"# file: {package}/__init__.py\n" + "\n".join(lines) + "\n"
+    return Document(text=text, path=f"{package}/__init__.py", identifiers=[package, module, *exported])
+
+
+def is_dense(doc_seed: int, dense_fraction: float) -> bool:
+    """Whether train document `doc_seed` is a dense one (decided by its seed alone)."""
+    return dense_fraction > 0 and random.Random(f"copy-kind:{doc_seed}").random() < dense_fraction
+
+
+def generate_split(split: str, count: int, seed: int = 0, dense_fraction: float = 0.0) -> list[Document]:
+    """`count` documents of `split`; with `dense_fraction`, that share of *train* documents is dense. The
+    held-out split stays standard documents only, so the copy probes measure transfer, not the drill."""
+    seeds = [document_seed(split, i, seed) for i in range(count)]
+    dense = dense_fraction if split == "train" else 0.0
+    return [generate_dense_document(s) if is_dense(s, dense) else generate_document(s) for s in seeds]
 
 
 def occurrences(text: str, name: str) -> list[tuple[int, int]]:
@@ -240,11 +270,13 @@ def mix_corpora(documents, extra, fraction: float, seed: int):
 
 
 def build_copy_corpus(out: str | Path, train_documents: int, validation_documents: int, seed: int = 0,
-                      overwrite: bool = False) -> dict:
+                      overwrite: bool = False, dense_fraction: float = 0.0) -> dict:
     """Generate both splits and save them like data/build_corpus.py does; returns the manifest."""
     for label, count in (("--documents", train_documents), ("--validation-documents", validation_documents)):
         if not 1 <= count < SEED_STRIDE:
             raise ValueError(f"{label} {count}: must be in [1, {SEED_STRIDE})")
+    if not 0 <= dense_fraction <= 1:
+        raise ValueError(f"--dense-fraction {dense_fraction}: must be in [0, 1]")
     if seed < 0:
         raise ValueError(f"--seed {seed}: must be >= 0")
     started = time.perf_counter()
@@ -254,7 +286,7 @@ def build_copy_corpus(out: str | Path, train_documents: int, validation_document
 
     rows, stats = {}, {}
     for split, count in (("train", train_documents), ("validation", validation_documents)):
-        docs = generate_split(split, count, seed)
+        docs = generate_split(split, count, seed, dense_fraction)
         rows[split] = {"text": [d.text for d in docs], "source": [SOURCE] * count,
                        "path": [f"{SOURCE}/{split}/{i}/{d.path}" for i, d in enumerate(docs)],
                        "license": ["generated"] * count, "kind": ["code"] * count}
@@ -263,7 +295,8 @@ def build_copy_corpus(out: str | Path, train_documents: int, validation_document
                         "sha256": sha256_texts(rows[split]["text"])}
     DatasetDict({split: Dataset(pa.table({c: pa.array(rows[split][c], pa.string()) for c in COLUMNS}))
                  for split in rows}).save_to_disk(str(out))
-    manifest = {"builder": "data.build_copy_corpus", "seed": seed, "columns": list(COLUMNS), "splits": stats,
+    manifest = {"builder": "data.build_copy_corpus", "seed": seed, "dense_fraction": dense_fraction,
+                "columns": list(COLUMNS), "splits": stats,
                 "seed_stride": SEED_STRIDE, "held_out_offset": HELD_OUT_OFFSET,
                 "seconds": round(time.perf_counter() - started, 2)}
     write_manifest(out / "manifest.json", manifest)
@@ -277,15 +310,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--documents", type=int, default=20_000, help="train documents")
     parser.add_argument("--validation-documents", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dense-fraction", type=float, default=0.0,
+                        help="share of train documents made of order-fixed copies (generate_dense_document)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier copy corpus in --out")
     parser.add_argument("--print", type=int, default=0, metavar="N", help="print N train documents and exit")
     args = parser.parse_args(argv)
     if args.print:
-        for doc in generate_split("train", args.print, args.seed):
+        for doc in generate_split("train", args.print, args.seed, args.dense_fraction):
             print(doc.text + "<|endoftext|>")
         return {}
     try:
-        manifest = build_copy_corpus(args.out, args.documents, args.validation_documents, args.seed, args.overwrite)
+        manifest = build_copy_corpus(args.out, args.documents, args.validation_documents, args.seed,
+                                     args.overwrite, args.dense_fraction)
     except ValueError as error:
         parser.error(str(error))
     for split, stats in manifest["splits"].items():

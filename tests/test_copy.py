@@ -239,3 +239,18 @@ def test_the_cue_is_the_shortest_prefix_with_one_right_continuation():
     assert unambiguous_cue((1, 5, 7, 9), (5, 7, 9)) == 1
     assert unambiguous_cue((1, 2), (3, 4)) is None  # never seen: nothing to copy from
     assert unambiguous_cue((5, 6), (5,)) is None  # no token left after the cue
+
+
+def test_dense_documents_are_train_only_and_re_export_their_imports_in_order():
+    from data.build_copy_corpus import generate_dense_document, generate_split, is_dense
+
+    train = generate_split("train", 200, dense_fraction=0.6)
+    dense = [d for d in train if "__all__" in d.text]
+    assert 90 <= len(dense) <= 150  # ~60% of 200, decided per document seed
+    assert not any("__all__" in d.text for d in generate_split("validation", 200, dense_fraction=0.6))
+    assert generate_split("train", 50) == generate_split("train", 50, dense_fraction=0.0)  # default unchanged
+    doc = generate_dense_document(7)
+    imported = doc.text.split("import (\n")[1].split(")")[0].split()
+    exported = doc.text.split("__all__ = [\n")[1].split("]")[0].split()
+    assert [n.rstrip(",") for n in imported] == [n.strip('",') for n in exported]  # one right order to copy
+    assert is_dense(7, 1.0) and not is_dense(7, 0.0)
