@@ -9,7 +9,8 @@ Data: a DatasetDict (save_to_disk) of rows {"messages", "tools" (JSON string), "
 written by data/build_sft.py. TRL's SFTTrainer renders each row with the tokenizer's chat template
 (`tools` is passed to it; TRL parses the JSON string itself) and, with `assistant_only_loss=True`, trains
 only the tokens inside the template's `{% generation %}` markers: assistant bodies and their end-of-turn
-token. System, user and tool-result tokens never get a label.
+token. System, user and tool-result tokens never get a label. On CPU the LM head and the loss are computed
+only at labelled positions (`labelled_only_head`, nanocomposer/sft_loss.py): same loss and metrics, less compute.
 
 Sequences longer than `max_length` are truncated (keep_start); how many, and how many assistant tokens
 that costs, is measured and printed before training, logged to W&B and written to the model card.
@@ -35,7 +36,7 @@ import json
 import time
 from pathlib import Path
 
-from trl import ModelConfig, SFTConfig, SFTTrainer
+from trl import ModelConfig, SFTConfig
 
 from nanocomposer.common import (
     check_model_path,
@@ -55,6 +56,7 @@ from nanocomposer.common import (
 )
 from nanocomposer.config import ConfigError, RecipeParser, SFTScriptArguments
 from nanocomposer.harness_eval import HarnessEvalCallback, plan_harness_eval
+from nanocomposer.sft_loss import sft_trainer_class
 
 STAGE = "sft"
 
@@ -167,7 +169,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
                f"{model.config.max_position_embeddings}: later positions are extrapolated by RoPE")
     facts, wandb_run = start_stage_run(STAGE, script_args, training_args, model_args, output_dir, lengths,
                                        script_args.dataset_path)
-    trainer = SFTTrainer(
+    trainer = sft_trainer_class(script_args.labelled_only_head, training_args)(  # nanocomposer/sft_loss.py
         model=model,
         args=training_args,
         train_dataset=dataset[script_args.dataset_train_split],

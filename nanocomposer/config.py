@@ -242,6 +242,12 @@ class SFTScriptArguments(StageArguments):
         default=8,
         metadata={"help": "Harness-eval episodes played at once (threads; their turns are generated as one batch)."},
     )
+    labelled_only_head: bool | None = field(
+        default=None,
+        metadata={"help": "Compute the LM head and the loss only at labelled positions (nanocomposer/sft_loss.py): "
+                          "same loss and metrics, less compute on assistant-only packed rows. Unset: on when "
+                          "training on CPU (on GPU TRL's fused head already skips them)."},
+    )
 
     def __post_init__(self):
         super().__post_init__()
