@@ -22,9 +22,12 @@ learning PEFT, pre-shifted `shift_labels` (context/sequence parallelism), logits
 `sft_trainer_class(labelled_only_head, training_args)`: this class when the flag is on, or unset and training on
 CPU; SFTTrainer otherwise (on GPU TRL's compact fused head already skips unlabelled positions).
 
-Measured (train_sft on the tiny base `artifacts/base`, one packed 4096-token row of artifacts/data/sft/dataset
-per step, fp32, 2-core machine shared with other jobs; `python -m nanocomposer.sft_loss bench`, which interleaves
-the two paths on the same rows): see MEASURED below.
+Speed: `python -m nanocomposer.sft_loss bench --steps 2 --rows 48` times SFTTrainer optimizer steps (forward,
+backward, AdamW; fp32 on CPU) of the tiny base `artifacts/base` on the first packed 4096-token row of
+artifacts/data/sft/dataset, the stock loss and the labelled-only one interleaved on the same row and model. Not
+yet measured: in this session the 2-core machine was saturated (load 10-14, another job at 180% CPU) and the
+run got ~1% of a core. Expected from `python -m nanocomposer.model bench-head` (forward+backward of the head
+paths on an SFT-shaped row): labelled-only 1.5x the full head and 2.0x TRL's CPU fused head.
 """
 
 from __future__ import annotations
