@@ -30,6 +30,7 @@ from env.tasks import TaskError
 from nanocomposer.common import check_model_path, configure_device, finish_wandb, init_wandb, print0, run_main
 from nanocomposer.config import ConfigError, RecipeParser, recipe_reward_funcs
 from nanocomposer.realtime.config import RealtimeArguments
+from nanocomposer.realtime.traffic import training_draw
 
 STAGE = "realtime"
 
@@ -51,6 +52,10 @@ def check_arguments(args: RealtimeArguments, training_args: GRPOConfig) -> None:
         gate = {t.root for t in resolve_task_set(args.gate_tasks).tasks}
     except TaskError as e:
         raise ConfigError(f"traffic_tasks / gate_tasks: {e}") from None
+    try:
+        training_draw(len(traffic), args.traffic_task_limit)
+    except ValueError as e:
+        raise ConfigError(f"{e} (traffic_tasks {args.traffic_tasks!r})") from None
     if traffic & gate:
         raise ConfigError(f"gate_tasks {args.gate_tasks!r} share {len(traffic & gate)} tasks with traffic_tasks "
                           f"{args.traffic_tasks!r}: the gate must be held out from what the users ask for")

@@ -5,8 +5,11 @@
     python -m bench.realtime cycles runs/rt runs/rt-hack1 runs/rt-hack2 --out runs/rt/cycles.md
 
 `ab`: each arm is its own `agent.py serve` (own registry and database) facing the same simulated users: the
-same population seed and task order, so conversation i of arm A and of arm B is the same user with the same
-task (paired). Arms run one after the other on the same machine (same load for both). Per conversation: the
+same population seed and task draw, and the same server `--seed`, so conversation i of arm A and of arm B is
+the same user with the same task and the same sampling seeds (paired). The tasks are the traffic set's beyond
+the loop's training range (nanocomposer/realtime/traffic.py: [K, end) with K = `--traffic-task-limit`, the
+loop's `traffic_task_limit`, same default), so no arm is measured on a task a cycle trained on; ab.json
+records the range. Arms run one after the other on the same machine (same load for both). Per conversation: the
 first session's edit persisted (kept), a dissatisfied follow-up was sent, and the first session's latency
 (wall time). Table: each arm's rate (Wilson 95%) or mean, and B - A with a paired-bootstrap 95% interval over
 conversations, absolute and relative (Composer reports relative changes: +2.28% persisting edits, -3.13%
@@ -47,7 +50,7 @@ def conversations(db: Path) -> dict[str, dict]:
                      "latency_s": float(wall)} for sid, client, wall in sessions}
 
 
-def play_arm(spec: str, out: Path, args) -> dict:
+def play_arm(spec: str, out: Path, args, draw: dict) -> dict:
     from nanocomposer.agent.registry import Registry
     from nanocomposer.realtime.server import AgentServer, run_users
 
@@ -55,11 +58,12 @@ def play_arm(spec: str, out: Path, args) -> dict:
     registry = Registry(out / "registry")
     registry.ensure(spec, "arm")
     server = AgentServer(registry.root, out / "sessions.db", workers=args.workers, max_turns=args.max_turns,
-                         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                          session_timeout_s=args.session_timeout_s, backend=args.backend, log=out / "server.log")
     try:
-        report = run_users(server.url, args.tasks, args.sessions, recipe=args.recipe, seed=args.seed, offset=0,
-                           report=out / "users.json", log=out / "users.log")
+        report = run_users(server.url, args.tasks, args.sessions, recipe=args.recipe, seed=args.seed,
+                           offset=draw["offset"], task_limit=draw["task_limit"], start=0, report=out / "users.json",
+                           log=out / "users.log")
         server.wait_idle(args.session_timeout_s + 60)
     finally:
         server.stop()
@@ -90,10 +94,13 @@ def _num(x: float) -> str:
     return f"{x:.2f}"
 
 
-def ab_markdown(table: dict, a: str, b: str) -> str:
+def ab_markdown(table: dict, a: str, b: str, traffic: dict | None = None) -> str:
+    where = "" if traffic is None else (
+        f" Tasks [{traffic['offset']}, {traffic['offset'] + traffic['task_limit']}) of {traffic['task_set']} "
+        f"(sorted by id; {traffic['set_size']} tasks), none of them in the loop's training traffic.")
     lines = [f"# Live A/B: B = {b} vs A = {a}", "",
              (f"{table['paired_conversations']} paired conversations (same users, same tasks); "
-              f"{table['only_in_one_arm']} in one arm only."), "",
+              f"{table['only_in_one_arm']} in one arm only.{where}"), "",
              "| metric | A | B | B - A [95% paired bootstrap] | relative |", "|---|---|---|---|---|"]
     for name, kind in METRICS:
         r = table["metrics"][name]
@@ -108,14 +115,34 @@ def ab_markdown(table: dict, a: str, b: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ab_traffic(task_set: str, traffic_task_limit: int | None) -> dict:
+    """The tasks both arms draw from: the traffic set past the loop's training range. ValueError (naming the
+    flag) when that range is empty, TaskError when the set cannot be read."""
+    from env.task_sets import resolve_task_set
+    from nanocomposer.realtime.traffic import ab_draw
+
+    size = len(resolve_task_set(task_set).tasks)
+    try:
+        return {"task_set": task_set, **ab_draw(size, traffic_task_limit, "--traffic-task-limit")}
+    except ValueError as e:
+        raise ValueError(f"{e} (--tasks {task_set!r})") from None
+
+
 def cmd_ab(args) -> int:
+    from env.tasks import TaskError
+
     out = Path(args.out)
-    arms = {label: play_arm(spec, out / label, args) for label, spec in (("A", args.a), ("B", args.b))}
+    try:
+        draw = ab_traffic(args.tasks, args.traffic_task_limit)
+    except (ValueError, TaskError) as e:
+        print(f"bench.realtime ab: error: {e}", file=sys.stderr)
+        return 2
+    arms = {label: play_arm(spec, out / label, args, draw) for label, spec in (("A", args.a), ("B", args.b))}
     table = ab_table(arms["A"]["conversations"], arms["B"]["conversations"], args.seed)
     result = {"a": args.a, "b": args.b, "tasks": args.tasks, "sessions": args.sessions, "seed": args.seed,
-              **table, "users": {k: v["users"] for k, v in arms.items()}}
+              "traffic": draw, **table, "users": {k: v["users"] for k, v in arms.items()}}
     (out / "ab.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "ab.md").write_text(ab_markdown(table, args.a, args.b))
+    (out / "ab.md").write_text(ab_markdown(table, args.a, args.b, draw))
     print((out / "ab.md").read_text())
     return 0
 
@@ -155,10 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     ab = sub.add_parser("ab", help="live A/B of two versions with the same simulated users")
     ab.add_argument("--a", required=True, help="arm A: a checkpoint directory or scripted policy (the control)")
     ab.add_argument("--b", required=True, help="arm B: the treatment")
-    ab.add_argument("--tasks", required=True, help="what the users ask for (the traffic set)")
+    ab.add_argument("--tasks", required=True, help="what the users ask for (the loop's traffic_tasks)")
+    ab.add_argument("--traffic-task-limit", type=int, default=None,
+                    help="the loop's traffic_task_limit K: the arms draw from the set's tasks [K, end), which "
+                         "training traffic never asked for (default: as the loop's, half the set)")
     ab.add_argument("--sessions", type=int, default=400, help="conversations per arm")
     ab.add_argument("--recipe", default="recipes/tiny/users.yaml")
-    ab.add_argument("--seed", type=int, default=12345, help="population seed, the same for both arms")
+    ab.add_argument("--seed", type=int, default=12345,
+                    help="population seed and server --seed, the same for both arms")
     ab.add_argument("--workers", type=int, default=2)
     ab.add_argument("--max-turns", type=int, default=8)
     ab.add_argument("--max-new-tokens", type=int, default=128)
@@ -172,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "ab" and args.sessions < 1:
         p.error("--sessions must be at least 1")
+    if args.command == "ab" and args.seed < 0:
+        p.error("--seed must be >= 0")
     return {"ab": cmd_ab, "cycles": cmd_cycles}[args.command](args)
 
 

@@ -252,6 +252,11 @@ def test_one_cycle_end_to_end_killed_mid_cycle_resumes_on_policy_without_double_
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT id, parent_id, model_version, status FROM sessions").fetchall()
     assert sum(r[1] is None for r in rows) == 3  # the cycle's 3 conversations, none replayed by the restart
+    with sqlite3.connect(db) as conn:  # the restart continued the conversation index (users:<seed>:<i>:<task>)
+        keys = [k for (k,) in conn.execute("SELECT sample_key FROM sessions WHERE parent_id IS NULL")]
+    assert sorted(k.split(":")[2] for k in keys) == ["0", "1", "2"], keys
+    traffic = json.loads((loop_dir / "cycles" / "1" / "cycle.json").read_text())["traffic"]
+    assert (traffic["offset"], traffic["task_limit"], traffic["set_size"]) == (0, 2, 4)  # half: the A/B's are 2, 3
     collected = json.loads((loop_dir / "cycles" / "1" / "collect.json").read_text())
     ids = [s["id"] for s in collected["sessions"]] + collected["skipped_ids"]
     assert len(ids) == len(set(ids)) and set(ids) <= {r[0] for r in rows}

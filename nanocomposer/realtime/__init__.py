@@ -9,6 +9,6 @@
     promote   POST /admin/promote (no restart); the next cycle's live metrics can roll it back
 
 Modules: config.py (the recipe's arguments), state.py (the per-loop state file), server.py (server and user
-processes), traffic.py (the users' process), collect.py, rewards.py, update.py, gate.py, live.py (live metrics
-and the rollback rule), loop.py (the cycle).
+processes), traffic.py (which tasks training traffic and the A/B draw from), collect.py, rewards.py, update.py,
+gate.py, live.py (live metrics and the rollback rule), loop.py (the cycle).
 """

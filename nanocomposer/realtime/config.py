@@ -17,6 +17,9 @@ class RealtimeArguments(StageArguments):
     cycles: int = field(default=5, metadata={"help": "Cycles to run (a resumed loop counts the ones done)."})
     traffic_tasks: str = field(default="factory:val", metadata={
         "help": "What the simulated users ask for (env/task_sets.py names or a directory); never the gate's."})
+    traffic_task_limit: int | None = field(default=None, metadata={
+        "help": "K: training traffic draws from the first K tasks of traffic_tasks (sorted by id), bench/realtime.py "
+                "ab from the rest, so an A/B never measures on a trained task (None: half the set)."})
     gate_tasks: str = field(default="factory:test", metadata={
         "help": "Held-out tasks of the gate (harness-native benchmark); must not overlap traffic_tasks."})
     gate_task_limit: int | None = field(default=None, metadata={"help": "Gate on the first N gate tasks."})
@@ -70,8 +73,9 @@ class RealtimeArguments(StageArguments):
         for name in ("cycles", "sessions_per_cycle", "server_workers", "gate_samples", "gate_workers"):
             if getattr(self, name) < 1:
                 raise ArgumentError(name, getattr(self, name), "must be at least 1")
-        if self.gate_task_limit is not None and self.gate_task_limit < 1:
-            raise ArgumentError("gate_task_limit", self.gate_task_limit, "must be at least 1")
+        for name in ("gate_task_limit", "traffic_task_limit"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ArgumentError(name, getattr(self, name), "must be at least 1 (or null)")
         for name in ("session_timeout_s", "on_policy_tolerance"):
             if not getattr(self, name) > 0:
                 raise ArgumentError(name, getattr(self, name), "must be > 0")

@@ -5,13 +5,15 @@
       registry/versions/v0 -> the starting checkpoint; v1, v2, ... one candidate per cycle (+ gate.json/.md)
       registry/current            what the server serves
       sessions.db                 the server's sessions (token ids, logprobs, feedback)
-      cycles/<k>/                 users.json, collect.json (sessions, counts, live metrics, rewards),
-                                  update.json, gate.json, gate.md, cycle.json; server.log, users.log
+      cycles/<k>/                 traffic.json (the tasks its users draw from), users-<first conversation>.json,
+                                  collect.json (sessions, counts, live metrics, rewards), update.json,
+                                  gate.json, gate.md, cycle.json; server.log, users.log
       gate_evals/<version>.json   each version's benchmark records (a version is evaluated once)
       report.md                   one line per finished cycle
 
 A killed loop restarts in the phase it died in (state.json is written after each phase's outputs): the serve
-phase plays only the conversations the cycle still lacks, collection is a pure function of the database and
+phase plays only the conversations the cycle still lacks (from the next conversation index on: the users,
+tasks and sample keys an uncut cycle would have had), collection is a pure function of the database and
 the recorded cut-off, sessions used by an earlier cycle are never used again, and a candidate enters the
 registry by one rename once complete (a leftover temporary directory is removed).
 """
@@ -34,6 +36,7 @@ from nanocomposer.realtime.live import live_metrics, rollback_decision
 from nanocomposer.realtime.rewards import reward_summary, session_facts
 from nanocomposer.realtime.server import AgentServer, run_users
 from nanocomposer.realtime.state import LoopState
+from nanocomposer.realtime.traffic import training_draw
 from nanocomposer.reporting import write_json_atomic
 
 
@@ -87,7 +90,8 @@ class Loop:
             a = self.args
             self.server = AgentServer(self.registry.root, self.db, workers=a.server_workers, max_turns=a.max_turns,
                                       max_new_tokens=a.max_new_tokens, temperature=self.training_args.temperature,
-                                      session_timeout_s=a.session_timeout_s, backend=a.backend,
+                                      seed=self.training_args.seed, session_timeout_s=a.session_timeout_s,
+                                      backend=a.backend,
                                       log=self.dir / "server.log")
         return self.server
 
@@ -128,22 +132,44 @@ class Loop:
     def finish_cycle(self, **summary) -> None:
         collected = self.cycle_dir() / "collect.json"
         served_by = _read(collected)["current"] if collected.is_file() else self.state.current
-        summary = {"cycle": self.state.cycle, "served_by": served_by, **summary}
+        summary = {"cycle": self.state.cycle, "served_by": served_by, "traffic": self.traffic_draw(), **summary}
         write_json_atomic(self.cycle_dir() / "cycle.json", summary)
         self.log(f"[realtime] cycle {self.state.cycle} done: " + json.dumps(
             {k: v for k, v in summary.items() if not isinstance(v, dict)}))
         self.state.advance(self.state_path, "done")
 
     # ------------------------------------------------------------------ phases
-    def conversations_started(self) -> int:
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=30) if self.db.is_file() else None
-        if conn is None:
+    def users_seed(self) -> int:
+        """The cycle's population seed: each cycle's users (and their sample keys) differ."""
+        return self.training_args.seed * 1000 + self.state.cycle
+
+    def next_conversation(self) -> int:
+        """The index the cycle's next conversation takes: one past the highest among the cycle's sessions
+        (env.users keys conversation i of population seed S `users:S:i:<task id>`), 0 before any. A resumed
+        cycle starts there; a conversation below it that never got a session (its users were killed before
+        its POST) stays unplayed rather than risk a later one being played twice."""
+        if not self.db.is_file():
             return 0
+        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=30)
         try:
-            return conn.execute("SELECT COUNT(*) FROM sessions WHERE parent_id IS NULL AND created_at >= ?",
-                                (self.state.cycle_start,)).fetchone()[0]
+            keys = conn.execute("SELECT sample_key FROM sessions WHERE parent_id IS NULL AND created_at >= ? AND "
+                                "sample_key LIKE ?", (self.state.cycle_start, f"users:{self.users_seed()}:%"))
+            return max((int(key.split(":")[2]) + 1 for (key,) in keys), default=0)
         finally:
             conn.close()
+
+    def traffic_draw(self) -> dict:
+        """The tasks this cycle's users draw from (nanocomposer/realtime/traffic.py), fixed at the cycle's first
+        serve phase (cycles/<k>/traffic.json) so a resumed cycle keeps its range."""
+        from env.task_sets import resolve_task_set
+
+        path = self.cycle_dir() / "traffic.json"
+        if not path.is_file():
+            a = self.args
+            size = len(resolve_task_set(a.traffic_tasks).tasks)
+            write_json_atomic(path, {"task_set": a.traffic_tasks, **training_draw(size, a.traffic_task_limit),
+                                     "seed": self.users_seed()})
+        return _read(path)
 
     def phase_serve(self) -> None:
         a, s = self.args, self.state
@@ -152,14 +178,16 @@ class Loop:
         server = self.start_server()
         if server.current() != s.current:  # e.g. a rollback recorded before a crash
             server.promote(s.current)
-        done = self.conversations_started()
+        draw = self.traffic_draw()
+        done = self.next_conversation()
         remaining = a.sessions_per_cycle - done
         out = self.cycle_dir()
         if remaining > 0:
             self.log(f"[realtime] cycle {s.cycle}: {s.current} serves {remaining} conversations "
-                     f"({done} already played)")
-            report = run_users(server.url, a.traffic_tasks, remaining, recipe=a.users_recipe,
-                               seed=self.training_args.seed * 1000 + s.cycle, offset=done,
+                     f"({done} already played) on tasks [{draw['offset']}, {draw['offset'] + draw['task_limit']}) "
+                     f"of {draw['task_set']}")
+            report = run_users(server.url, draw["task_set"], remaining, recipe=a.users_recipe, seed=draw["seed"],
+                               offset=draw["offset"], task_limit=draw["task_limit"], start=done,
                                report=out / f"users-{done}.json", log=out / "users.log",
                                timeout_s=a.serve_minutes * 60 if a.serve_minutes else None)
             write_json_atomic(out / f"users-{done}.json", {k: v for k, v in report.items() if k != "latencies"})

@@ -36,16 +36,23 @@ def _die_with_parent() -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class AgentServer:
-    """`agent.py serve --port 0` on `registry` and `db`; `url` once healthy."""
+def serve_command(registry: Path, db: Path, *, workers: int, max_turns: int, max_new_tokens: int,
+                  temperature: float, seed: int, session_timeout_s: float, backend: str) -> list[str]:
+    """`agent.py serve --port 0` on `registry` and `db`. `seed` is the server's sampling seed: with the users'
+    per-conversation sample keys it fixes every session's sampling seeds, so a replayed cycle (or the other
+    arm of an A/B) samples its conversations with the same seeds."""
+    return [sys.executable, str(REPO_ROOT / "agent.py"), "serve", "--port", "0", "--registry", str(registry),
+            "--db", str(db), "--workers", str(workers), "--max-turns", str(max_turns),
+            "--max-new-tokens", str(max_new_tokens), "--temperature", repr(float(temperature)),
+            "--seed", str(seed), "--session-timeout-s", repr(float(session_timeout_s)), "--answer-timeout-s", "30",
+            "--backend", backend, "--max-queue", "1024"]
 
-    def __init__(self, registry: Path, db: Path, *, workers: int, max_turns: int, max_new_tokens: int,
-                 temperature: float, session_timeout_s: float, backend: str, log: Path, start_timeout_s: float = 120):
-        cmd = [sys.executable, str(REPO_ROOT / "agent.py"), "serve", "--port", "0", "--registry", str(registry),
-               "--db", str(db), "--workers", str(workers), "--max-turns", str(max_turns),
-               "--max-new-tokens", str(max_new_tokens), "--temperature", repr(float(temperature)),
-               "--session-timeout-s", repr(float(session_timeout_s)), "--answer-timeout-s", "30",
-               "--backend", backend, "--max-queue", "1024"]
+
+class AgentServer:
+    """`serve_command(registry, db, **serve_options)` as a process; `url` once healthy."""
+
+    def __init__(self, registry: Path, db: Path, *, log: Path, start_timeout_s: float = 120, **serve_options):
+        cmd = serve_command(registry, db, **serve_options)
         self.log_file = open(log, "a")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self.log_file, text=True,
                                      preexec_fn=_die_with_parent)  # noqa: PLW1509 (one prctl call, no locks)
@@ -101,16 +108,19 @@ class AgentServer:
         self.log_file.close()
 
 
-def run_users(url: str, tasks: str, sessions: int, *, recipe: str, seed: int, offset: int, report: Path,
-              log: Path, timeout_s: float | None = None) -> dict:
-    """`sessions` conversations of simulated users (nanocomposer/realtime/traffic.py, its own process).
+def run_users(url: str, tasks: str, sessions: int, *, recipe: str, seed: int, offset: int, task_limit: int,
+              start: int, report: Path, log: Path, timeout_s: float | None = None) -> dict:
+    """Conversations start .. start + sessions - 1 of simulated users (`python -m env.users`, its own process)
+    with population seed `seed`, drawing from tasks [offset, offset + task_limit) of the sorted set
+    (env.users.draw_tasks). A run cut short continues with `start` past the conversations it played: the
+    same users, tasks and sample keys as uncut, none played twice.
 
     With `timeout_s` the users are stopped when it passes (their open sessions run on in the server and are
     collected if they end before the cut-off). Returns the users' report, or {"stopped": True} when cut short.
     """
-    cmd = [sys.executable, "-m", "nanocomposer.realtime.traffic", "--server", url, "--tasks", tasks,
-           "--sessions", str(sessions), "--recipe", recipe, "--seed", str(seed), "--offset", str(offset),
-           "--report", str(report)]
+    cmd = [sys.executable, "-m", "env.users", "--server", url, "--tasks", tasks, "--sessions", str(sessions),
+           "--recipe", recipe, "--seed", str(seed), "--offset", str(offset), "--task-limit", str(task_limit),
+           "--start", str(start), "--report", str(report)]
     with open(log, "a") as log_file:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log_file, stderr=log_file,
                                 preexec_fn=_die_with_parent)  # noqa: PLW1509 (one prctl call, no locks)

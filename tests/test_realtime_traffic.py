@@ -1,0 +1,122 @@
+"""The loop's traffic: the server's sampling seed, disjoint training / A/B task ranges, resumed conversation
+indices. No model and no processes: the server and the users are stood in for where the loop calls them."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import make_calc_task
+
+from env.task_sets import resolve_task_set
+from env.users import draw_tasks
+from nanocomposer.agent.store import SessionStore
+from nanocomposer.config import ArgumentError
+from nanocomposer.realtime import loop as loop_module
+from nanocomposer.realtime.config import RealtimeArguments
+from nanocomposer.realtime.loop import Loop
+from nanocomposer.realtime.server import serve_command
+from nanocomposer.realtime.traffic import ab_draw, split_point, training_draw
+
+
+@pytest.fixture(scope="module")
+def traffic_set(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("traffic")
+    for i in range(6):
+        make_calc_task(root, f"calc-{i}")
+    return root
+
+
+class FakeServer:
+    """What phase_serve asks of the agent server."""
+
+    url = "http://fake"
+
+    def __init__(self, **options):
+        self.options = options
+
+    def current(self):
+        return "v0"
+
+    def wait_idle(self, timeout_s):
+        return True
+
+    def stop(self):
+        pass
+
+
+def make_loop(tmp_path: Path, traffic_set: Path, monkeypatch, **overrides) -> Loop:
+    monkeypatch.setattr(loop_module, "AgentServer", lambda registry, db, *, log, **options: FakeServer(**options))
+    args = RealtimeArguments(run="t", runs_dir=str(tmp_path / "runs"), traffic_tasks=str(traffic_set),
+                             gate_tasks=str(tmp_path), sessions_per_cycle=5, **overrides)
+    training_args = SimpleNamespace(seed=7, temperature=1.0)
+    return Loop(args, training_args, SimpleNamespace(model_name_or_path="oracle"), log=lambda *a: None)
+
+
+def test_the_serve_command_carries_the_loops_seed(tmp_path, traffic_set, monkeypatch):
+    loop = make_loop(tmp_path, traffic_set, monkeypatch)
+    options = loop.start_server().options
+    assert options["seed"] == 7
+    cmd = serve_command(tmp_path / "registry", tmp_path / "db", **options)
+    assert cmd[cmd.index("--seed") + 1] == "7" and cmd[cmd.index("--temperature") + 1] == "1.0"
+
+
+def test_training_and_ab_task_ranges_are_disjoint_and_cover_the_set(traffic_set):
+    tasks = resolve_task_set(str(traffic_set)).tasks
+    for limit, k in [(None, 3), (1, 1), (5, 5)]:
+        train, ab = training_draw(6, limit), ab_draw(6, limit)
+        assert (train["offset"], train["task_limit"], ab["offset"], ab["task_limit"]) == (0, k, k, 6 - k)
+        for seed in range(3):  # whatever a cycle's (or the A/B's) seed, the two draws never meet
+            trained = {t.id for t in draw_tasks(tasks, seed, train["offset"], train["task_limit"])}
+            measured = {t.id for t in draw_tasks(tasks, seed + 100, ab["offset"], ab["task_limit"])}
+            assert not trained & measured and len(trained | measured) == 6
+    for limit, name in [(6, "traffic_task_limit"), (0, "--traffic-task-limit")]:
+        with pytest.raises(ValueError, match=f"^{name} {limit}: the traffic set has 6 tasks"):
+            split_point(6, limit, name)
+    with pytest.raises(ValueError, match="^traffic_task_limit None: the traffic set has 1 tasks"):
+        training_draw(1, None)  # nothing would be left for the A/B
+    with pytest.raises(ArgumentError, match="traffic_task_limit 0"):
+        RealtimeArguments(run="t", traffic_task_limit=0)
+
+
+def test_the_cycle_and_the_ab_record_their_ranges(tmp_path, traffic_set, monkeypatch):
+    from bench.realtime import ab_markdown, ab_table, ab_traffic
+
+    loop = make_loop(tmp_path, traffic_set, monkeypatch, traffic_task_limit=4)
+    calls = []
+    monkeypatch.setattr(loop_module, "run_users", lambda *a, **kw: calls.append((a, kw)) or {"conversations": 5})
+    loop.phase_serve()
+    (args, kw), = calls
+    assert args[0] == "http://fake" and args[1:] == (str(traffic_set), 5)
+    assert (kw["offset"], kw["task_limit"], kw["start"], kw["seed"]) == (0, 4, 0, 7001)
+    recorded = json.loads((loop.cycle_dir() / "traffic.json").read_text())
+    assert recorded == {"task_set": str(traffic_set), "offset": 0, "task_limit": 4, "set_size": 6, "seed": 7001}
+    loop.finish_cycle(decision="test", reasons=[])
+    assert json.loads((loop.cycle_dir() / "cycle.json").read_text())["traffic"] == recorded
+
+    draw = ab_traffic(str(traffic_set), 4)
+    assert draw == {"task_set": str(traffic_set), "offset": 4, "task_limit": 2, "set_size": 6}
+    assert "Tasks [4, 6) of" in ab_markdown(ab_table({}, {}), "v0", "v1", draw)
+    with pytest.raises(ValueError, match="^--traffic-task-limit 6: .* 6 tasks"):
+        ab_traffic(str(traffic_set), 6)
+
+
+def test_a_resumed_serve_phase_continues_the_conversation_index(tmp_path, traffic_set, monkeypatch):
+    loop = make_loop(tmp_path, traffic_set, monkeypatch)
+    loop.state.advance(loop.state_path, "serve", cycle_start=0.0)
+    store = SessionStore(loop.db)
+    seed = loop.users_seed()
+    # conversations 0 and 2 of this cycle's users started before the kill (1 never got a session), plus a
+    # follow-up and a session of another cycle's users: neither is a conversation of this cycle
+    first = store.create(source="task_dir", instruction="x", client="user-0", sample_key=f"users:{seed}:0:calc-0")
+    store.create(source="task_dir", instruction="x", client="user-2", sample_key=f"users:{seed}:2:calc-3")
+    store.create(source="task_dir", instruction="x", parent_id=first, sample_key=f"users:{seed}:4:calc-1")
+    store.create(source="task_dir", instruction="x", client="user-3", sample_key=f"users:{seed + 1}:3:calc-2")
+    store.close()
+    calls = []
+    monkeypatch.setattr(loop_module, "run_users", lambda *a, **kw: calls.append((a, kw)) or {"conversations": 2})
+    loop.phase_serve()
+    (args, kw), = calls
+    assert kw["start"] == 3 and args[2] == 2  # conversations 3 and 4: none replayed, the cycle's 5 in all
+    assert kw["report"].name == "users-3.json" and kw["seed"] == seed
+    assert loop.state.phase == "collect"
