@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The headline pipeline on a CPU (2 cores, target under 2.5 h): the task ladder, a base that can copy,
+# SFT at scale, GRPO at the edge of competence, SFT vs RL on 300 held-out ladder tasks.
+#   bash runs/tiny_long.sh                 # RUN=long-<date-time>
+#   RUN=long1 SKIP_DATA=1 bash runs/tiny_long.sh   # reuse artifacts/ladder and the copy corpus
+# Recipes: recipes/tiny_long/{cpt,sft,rl,eval}.yaml. Every stage reads the previous one's output from runs/$RUN/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+RUN=${RUN:-long-$(date +%Y%m%d-%H%M%S)}
+EDGE_TASKS=${EDGE_TASKS:-300}   # train tasks whose pass@4 is measured before RL (spread over the rungs)
+export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false NANOCOMPOSER_PROGRESS=${NANOCOMPOSER_PROGRESS:-1}
+stage() { echo; echo "== $* ($(date +%H:%M:%S))"; }
+t0=$(date +%s)
+
+if [ -z "${SKIP_DATA:-}" ]; then
+  stage "data: code mix, copy-rich corpus, task ladder (300 per rung in train, 60 per rung in val and test), oracle trajectories"
+  $PY -m data.build_corpus --out artifacts/data/corpus --max-chars 4000000 --seed 0 --overwrite
+  $PY -m data.build_copy_corpus --out artifacts/data/copy_corpus_dense --documents 30000 --validation-documents 500 \
+    --dense-fraction 0.6 --seed 0 --overwrite
+  $PY -m data.build_tasks --out artifacts/ladder/tasks --ladder 300 --ladder-held-out 60 --ladder-only --seed 0 \
+    --workers 2 --overwrite
+  $PY -m data.build_sft --tasks artifacts/ladder/tasks --out artifacts/ladder/sft --variants 2 --val-tasks 40 \
+    --seed 0 --concurrency 4 --overwrite
+  stage "base: tokenizer trained on the code mix + a small Llama, random init"
+  $PY -m nanocomposer.model build --out artifacts/base --corpus artifacts/data/corpus
+fi
+
+stage "1. continued pretraining with the copy-rich mix -> runs/$RUN/cpt (eval/copy_accuracy logged)"
+$PY train_cpt.py --config recipes/tiny_long/cpt.yaml --run "$RUN"
+
+stage "2. SFT on the ladder, held-out solve rate logged while training -> runs/$RUN/sft"
+$PY train_sft.py --config recipes/tiny_long/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt"
+
+stage "3a. the SFT model's pass@4 on $EDGE_TASKS train tasks (temperature 1, the RL budgets)"
+$PY eval.py --config recipes/tiny_long/eval.yaml --policy "runs/$RUN/sft" --tasks artifacts/ladder/tasks/train \
+  --limit "$EDGE_TASKS" --samples 4 --temperature 1 --max-wall-s 120 --output "runs/$RUN/edge/results.json"
+$PY -m data.select_edge_tasks --results "runs/$RUN/edge/results.episodes.jsonl" --tasks artifacts/ladder/tasks/train \
+  --out "runs/$RUN/edge/tasks" --overwrite
+
+stage "3b. GRPO on the tasks at the edge of competence -> runs/$RUN/rl"
+$PY train_rl.py --config recipes/tiny_long/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft" \
+  --tasks_dir "runs/$RUN/edge/tasks"
+
+stage "4. eval: SFT vs RL on the 300 held-out ladder tasks (test split)"
+$PY eval.py --config recipes/tiny_long/eval.yaml --compare "runs/$RUN/sft" "runs/$RUN/rl" \
+  --out-dir "runs/$RUN/eval" --run "$RUN" --wandb
+echo; echo "== done in $(( ($(date +%s) - t0) / 60 )) min; report: runs/$RUN/eval/compare.md"
+cat "runs/$RUN/eval/compare.md"
