@@ -188,9 +188,10 @@ def test_results_file_resume_and_partial_lines(tmp_path):
 # --------------------------------------------------------------------------- eval.py: SIGKILL, SIGINT
 
 
-def _eval(tmp: Path, output: Path, *extra: str) -> subprocess.Popen:
+def _eval(tmp: Path, output: Path, *extra: str, samples: int = 2) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "eval.py", "--tasks", "samples", "--policy", "oracle", "--samples", "2",
+    return subprocess.Popen([sys.executable, "eval.py", "--tasks", "samples", "--policy", "oracle",
+                             "--samples", str(samples),
                              "--workers", "2", "--quiet", "--output", str(output), *extra],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -236,7 +237,9 @@ def test_eval_sigint_exits_130_with_a_resume_line_and_keeps_records(tmp_path):
     tmp.mkdir()
     output = tmp_path / "r.json"
     episodes = output.with_name("r.episodes.jsonl")
-    proc = _eval(tmp, output)
+    # 30 episodes: the signal must land while episodes are left (10 fast oracle episodes could all finish
+    # between the second record and the signal on a loaded machine)
+    proc = _eval(tmp, output, samples=6)
     _wait_for_records(episodes, 2, proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
