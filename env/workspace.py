@@ -297,9 +297,15 @@ def sweep_stale_workspaces(parent: Path | None = None) -> list[Path]:
     candidates = set(parent.iterdir())
     if not _mount_refused[0]:
         candidates |= {Path(point) for point in _our_mounts()}
+    return remove_dead_owned(candidates, _OWNED_NAME)
+
+
+def remove_dead_owned(entries, owner_pattern: re.Pattern) -> list[Path]:
+    """Remove each entry whose name carries an owner pid (`owner_pattern`'s group 1) that is no longer alive;
+    names without one are left alone (nothing says whose they are). Returns what was removed."""
     removed = []
-    for entry in sorted(candidates):
-        owner = _OWNED_NAME.search(entry.name)
+    for entry in sorted(entries):
+        owner = owner_pattern.search(entry.name)
         if owner is None or pid_alive(int(owner.group(1))):
             continue
         try:

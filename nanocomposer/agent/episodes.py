@@ -31,7 +31,7 @@ from pathlib import Path
 
 from env.episode import EpisodeConfig, Trajectory, TurnRequest, run_episode
 from env.tasks import Task
-from env.workspace import pid_alive, remove_workspace
+from env.workspace import remove_dead_owned, remove_workspace
 from nanocomposer.agent.changes import Change, compute_changes, render_diff
 
 STAGING_PREFIX = "agent-session-"
@@ -53,17 +53,8 @@ def sweep_stale_sessions(parent: Path | None = None) -> list[Path]:
     owning process is dead, e.g. a server killed with SIGKILL; returns what was removed. Names without a
     pid (made before sessions were named after their owner) are left alone: nothing says whose they are."""
     parent = Path(tempfile.gettempdir() if parent is None else parent)
-    removed = []
-    for entry in sorted(parent.glob(f"{STAGING_PREFIX}*")):
-        owner = _STAGING_NAME.match(entry.name)
-        if owner is None or entry.is_symlink() or not entry.is_dir() or pid_alive(int(owner.group(1))):
-            continue
-        try:
-            remove_workspace(entry)
-        except OSError:
-            continue  # removed concurrently by another sweeper, or not removable: try again next start
-        removed.append(entry)
-    return removed
+    staged = [e for e in parent.glob(f"{STAGING_PREFIX}*") if not e.is_symlink() and e.is_dir()]
+    return remove_dead_owned(staged, _STAGING_NAME)
 
 
 def stage_repo(repo: Path, instruction: str, test_command: str | None = None,
