@@ -53,14 +53,19 @@ caused it and the others are served. A result without a log-prob for every token
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 DEFAULT_MAX_BATCH_TOKENS = 32768  # KV-cache positions per transformers batch (rows x (longest prompt + new tokens))
+# KV-cache positions the prefix cache keeps (all entries together): 512 MB for the demo's 5.3M model in fp32
+# (8 KB a position), room for 16 live episodes of 4,096 positions.
+DEFAULT_PREFIX_CACHE_POSITIONS = 65536
 
 
 @dataclass
@@ -142,6 +147,70 @@ def processed_scores(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Te
     return scores
 
 
+class PrefixCache:
+    """The KV states of recent sequences (a prompt and its completion), so that a prompt extending one of them
+    (an episode's next turn: the same conversation plus the tool results and the next assistant header) is
+    prefilled only from where it departs from the longest cached match.
+
+    Bounded by `max_positions` KV positions over all entries, least recently used first out. A stored sequence
+    replaces the entries it extends (the earlier turns of the same episode), so a live episode holds one entry
+    and a finished one ages out. States are per layer `(keys, values)` of shape (1, heads, positions, dim).
+    """
+
+    def __init__(self, max_positions: int):
+        if max_positions < 0:
+            raise ValueError(f"PrefixCache: max_positions={max_positions} must be >= 0 (0 = off)")
+        self.max_positions = max_positions
+        self.entries: OrderedDict[int, tuple[np.ndarray, list[tuple[torch.Tensor, torch.Tensor]]]] = OrderedDict()
+        self.positions = 0
+        self._next_key = 0
+        self.stats = {"lookups": 0, "hits": 0, "reused_positions": 0, "prefilled_positions": 0}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.positions = 0
+
+    def longest(self, prompt: Sequence[int]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]] | None, int]:
+        """(states of the entry sharing the longest token prefix with `prompt`, that prefix's length); (None, 0)
+        when no entry shares a first token. The entry becomes the most recently used."""
+        self.stats["lookups"] += 1
+        query = np.asarray(prompt, dtype=np.int64)
+        best_key, best = None, 0
+        for key, (tokens, _) in self.entries.items():
+            n = min(len(tokens), len(query))
+            differs = np.flatnonzero(tokens[:n] != query[:n])
+            common = int(differs[0]) if len(differs) else n
+            if common > best:
+                best_key, best = key, common
+        if best_key is None:
+            return None, 0
+        self.entries.move_to_end(best_key)
+        self.stats["hits"] += 1
+        return self.entries[best_key][1], best
+
+    def store(self, tokens: Sequence[int], states: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Keep `states` (one (keys, values) per layer, all positions of `tokens`), dropping the entries that
+        `tokens` extends, then the least recently used ones until the total fits."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if not 0 < len(tokens) <= self.max_positions:
+            return
+        for key, (old, _) in list(self.entries.items()):
+            if len(old) <= len(tokens) and np.array_equal(old, tokens[:len(old)]):
+                self._drop(key)
+        while self.positions + len(tokens) > self.max_positions:
+            self._drop(next(iter(self.entries)))
+        self.entries[self._next_key] = (tokens, states)
+        self._next_key += 1
+        self.positions += len(tokens)
+
+    def _drop(self, key: int) -> None:
+        tokens, _ = self.entries.pop(key)
+        self.positions -= len(tokens)
+
+
 @cache
 def _decode_batch_layer():
     """The class below, built on first use so that importing this module does not import transformers."""
@@ -177,6 +246,11 @@ def _decode_batch_layer():
             self.key_buffer[row, :, start:start + n] = keys[0]
             self.value_buffer[row, :, start:start + n] = values[0]
 
+        def get_row(self, row: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+            """A copy of `row`'s states from position `start` to the filled length, shaped (1, heads, n, dim)."""
+            return (self.key_buffer[row:row + 1, :, start:self.length].clone(),
+                    self.value_buffer[row:row + 1, :, start:self.length].clone())
+
         def copy_row(self, source: int, row: int) -> None:
             self.key_buffer[row] = self.key_buffer[source]
             self.value_buffer[row] = self.value_buffer[source]
@@ -210,11 +284,16 @@ class TransformersGenerator:
     `padded_prefill`: prefill a batch in one left-padded forward instead of prompt by prompt. Models whose
     cache is not plain full attention (sliding-window or hybrid layers) always take that path, since their
     cache layers cannot be filled row by row here.
+    `prefix_cache_positions`: > 0 keeps the KV states of each finished row (prompt + completion) in a
+    `PrefixCache` of that many positions, and a later prompt sharing a prefix with one is prefilled only from
+    where they differ (row-by-row prefill only). Off by default: the states are only valid while the weights
+    do not change, so a caller whose model trains (RL) must leave it off or `clear_prefix_cache()` after each
+    update.
     """
 
     def __init__(self, model, stop_ids: Sequence[int], *, borrowed: bool = False,
                  max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, max_batch_size: int = 64,
-                 padded_prefill: bool = False):
+                 padded_prefill: bool = False, prefix_cache_positions: int = 0):
         if not stop_ids:
             raise ValueError("TransformersGenerator: no stop ids (generation would never stop)")
         if max_batch_tokens < 1 or max_batch_size < 1:
@@ -224,6 +303,11 @@ class TransformersGenerator:
         self.stop_ids = list(stop_ids)
         self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
         self.padded_prefill = padded_prefill
+        self.prefix_cache = PrefixCache(prefix_cache_positions)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached prefix (after the weights changed)."""
+        self.prefix_cache.clear()
 
     @property
     def device(self) -> torch.device:
@@ -284,7 +368,8 @@ class TransformersGenerator:
                     last_logits.append(last_logits[source])
                     continue
                 row_cache = DynamicCache(config=config)
-                out = self.model(input_ids=torch.tensor([list(prompt)], dtype=torch.long, device=device),
+                reused = self._reuse_prefix(prompt, row_cache)
+                out = self.model(input_ids=torch.tensor([list(prompt[reused:])], dtype=torch.long, device=device),
                                  cache=row_cache, use_cache=True, logits_to_keep=1)
                 for layer, row_layer in zip(cache.layers, row_cache.layers, strict=True):
                     layer.put_row(r, width - len(prompt), row_layer.keys, row_layer.values)
@@ -300,11 +385,41 @@ class TransformersGenerator:
                          use_cache=True, logits_to_keep=1)
         return cache, out.logits[:, -1], mask, positions[:, -1]
 
+    def _reuse_prefix(self, prompt: Sequence[int], row_cache) -> int:
+        """Fill `row_cache` with the cached states of `prompt`'s longest cached prefix (at most all but its last
+        token: the forward must produce the last token's logits); how many positions that is."""
+        if not self.prefix_cache.max_positions:
+            return 0
+        states, common = self.prefix_cache.longest(prompt)
+        reused = min(common, len(prompt) - 1)
+        if reused > 0:
+            for layer, (keys, values) in enumerate(states):
+                row_cache.update(keys[:, :, :reused], values[:, :, :reused], layer)
+        self.prefix_cache.stats["reused_positions"] += reused
+        self.prefix_cache.stats["prefilled_positions"] += len(prompt) - reused
+        return reused
+
+    def _remember(self, cache, row: int, start: int, tokens: list[int]) -> None:
+        """Store a decode-batch row's states (positions `start`.. of its cache row: `tokens`, its prompt and every
+        generated token but the last, which was never fed) in the prefix cache."""
+        states = [layer.get_row(row, start) for layer in cache.layers]
+        if states and states[0][0].shape[-2] != len(tokens):
+            raise RuntimeError(f"prefix cache: {states[0][0].shape[-2]} cached positions for {len(tokens)} tokens")
+        self.prefix_cache.store(tokens, states)
+
     def _decode(self, prompts: list[Sequence[int]], seeds: list[int], sampling: SamplingConfig) -> list[Completion]:
         """One batch, decoded with a KV cache until every row stopped or hit max_new_tokens."""
         device = self.device
-        capacity = max(len(p) for p in prompts) + sampling.max_new_tokens
-        cache, logits, mask, last_position = self._prefill(prompts, capacity)
+        width = max(len(p) for p in prompts)
+        cache, logits, mask, last_position = self._prefill(prompts, width + sampling.max_new_tokens)
+        remember = bool(self.prefix_cache.max_positions) and all(
+            isinstance(layer, _decode_batch_layer()) for layer in cache.layers)
+
+        def keep_states(rows: list[int]) -> None:  # batch rows (indices into `alive`) about to leave the cache
+            for b in rows:
+                r = alive[b]
+                self._remember(cache, b, width - len(prompts[r]), list(prompts[r]) + ids[r][:-1])
+
         generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
         stop = torch.tensor(self.stop_ids, device=device)
         ids: list[list[int]] = [[] for _ in prompts]
@@ -328,6 +443,8 @@ class TransformersGenerator:
             if not bool(going.any()):
                 break
             if not bool(going.all()):  # finished rows leave the batch and its cache
+                if remember:
+                    keep_states((~going).nonzero().squeeze(-1).tolist())
                 keep = going.nonzero().squeeze(-1)
                 cache.batch_select_indices(keep)
                 mask, last_position, tokens = mask[keep], last_position[keep], tokens[keep]
@@ -337,6 +454,8 @@ class TransformersGenerator:
             out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=last_position[:, None],
                              cache=cache, use_cache=True)
             logits = out.logits[:, -1]
+        if remember:
+            keep_states(list(range(len(alive))))
         return [Completion(i, lp) for i, lp in zip(ids, logprobs)]
 
 

@@ -62,6 +62,7 @@ import torch
 from env.episode import Generation, TurnRequest
 from nanocomposer.generation import (
     DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_PREFIX_CACHE_POSITIONS,
     Completion,
     SamplingConfig,
     TransformersGenerator,
@@ -379,6 +380,9 @@ class ModelPolicy:
     the engine. `vllm_gpu_memory` overrides $NANOCOMPOSER_VLLM_GPU_MEMORY (see `resolve_vllm_gpu_memory`).
     `max_batch_tokens` bounds one transformers batch (rows x (longest prompt + max_new_tokens)); larger
     `act_batch` calls are split into several batches (nanocomposer/generation.py).
+    `prefix_cache_positions`: KV positions the transformers backend keeps so an episode's next turn is prefilled
+    only past the conversation it already saw (`PrefixCache`); default DEFAULT_PREFIX_CACHE_POSITIONS for a
+    model loaded here, 0 (off) for a borrowed one, whose weights change between calls (RL).
 
     Subclasses change how tokens are produced by overriding `_generate_batch(prompts, seeds)` (all requests of
     an `act_batch`) or `_generate(prompt_ids, seed)` (one sequence; then `act_batch` calls it per request).
@@ -387,7 +391,8 @@ class ModelPolicy:
     def __init__(self, path_or_model, tokenizer=None, sampling: SamplingConfig | None = None,
                  device: str | None = None, *, backend: str = "transformers", name: str | None = None,
                  start_engine: bool = True, vllm_gpu_memory: float | None = None,
-                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, cpu_threads: int | None = None):
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, cpu_threads: int | None = None,
+                 prefix_cache_positions: int | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"ModelPolicy backend {backend!r} is not implemented (available: {', '.join(BACKENDS)})")
         self.backend = backend
@@ -447,8 +452,11 @@ class ModelPolicy:
             if start_engine:
                 self.llm = self._start_vllm(path, gpu_memory)
         else:
+            if prefix_cache_positions is None:
+                prefix_cache_positions = DEFAULT_PREFIX_CACHE_POSITIONS if self.owns_model else 0
             self.generator = TransformersGenerator(self.model, self.stop_ids, borrowed=not self.owns_model,
-                                                   max_batch_tokens=max_batch_tokens)
+                                                   max_batch_tokens=max_batch_tokens,
+                                                   prefix_cache_positions=prefix_cache_positions)
 
     def _start_vllm(self, path: Path, gpu_memory: float):
         """The engine, with the settings the Generation contract depends on (see the module docstring)."""

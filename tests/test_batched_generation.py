@@ -364,3 +364,114 @@ def test_a_borrowed_peft_model_generates_like_its_merged_weights(policy, prompts
     expected = TransformersGenerator(merged, policy.stop_ids).generate(prompts, [1, 2, 3, 4], sampling)
     assert [r.ids for r in results] == [e.ids for e in expected]
     assert all(r.logprobs == pytest.approx(e.logprobs, abs=1e-4) for r, e in zip(results, expected, strict=True))
+
+
+# --------------------------------------------------------------------------- prefix reuse across turns
+
+
+def _turns(generator, first: list[list[int]], suffixes: list[list[list[int]]], sampling) -> list[list]:
+    """Multi-turn conversations: each next prompt is the previous prompt, its completion and a new suffix (the
+    tool results and the next header, as an episode's next turn). The completions of every turn, per row."""
+    prompts, out = [list(p) for p in first], []
+    for turn_suffixes in [*suffixes, None]:
+        results = generator.generate(prompts, [0] * len(prompts), sampling)
+        out.append(results)
+        if turn_suffixes is None:
+            return out
+        prompts = [p + r.ids + s for p, r, s in zip(prompts, results, turn_suffixes, strict=True)]
+
+
+def test_prefix_reuse_gives_the_tokens_of_a_full_prefill(policy, prompts):
+    """Three turns of four conversations: with the prefix cache each later turn prefills only its suffix, and
+    every turn generates what a full prefill of the same prompt generates."""
+    sampling = SamplingConfig(max_new_tokens=12)
+    never_stop = [policy.model.config.vocab_size + 1]
+    g = torch.Generator().manual_seed(1)
+    suffixes = [[torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 60, 1, 200)] for _ in range(2)]
+    reuse = TransformersGenerator(policy.model, never_stop, prefix_cache_positions=20_000)
+    full = TransformersGenerator(policy.model, never_stop)
+    with_reuse = _turns(reuse, prompts, suffixes, sampling)
+    without = _turns(full, prompts, suffixes, sampling)
+    for turn_with, turn_without in zip(with_reuse, without, strict=True):
+        for a, b in zip(turn_with, turn_without, strict=True):
+            assert a.ids == b.ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    stats = reuse.prefix_cache.stats
+    # turn 1 prefills everything; turns 2 and 3 reuse each prompt + completion but the last (never fed) token
+    first_prompts = sum(LENGTHS)
+    reused = sum(len(p) + 11 for p in prompts) + sum(len(p) + 12 + len(s) + 11 for p, s in zip(prompts, suffixes[0]))
+    assert stats["reused_positions"] == reused
+    assert stats["prefilled_positions"] == first_prompts + 2 * 4 + sum(map(len, suffixes[0] + suffixes[1]))
+    assert len(reuse.prefix_cache) == 4  # one entry per conversation: each turn replaced the one it extends
+    assert full.prefix_cache.stats["lookups"] == 0 and len(full.prefix_cache) == 0
+
+
+def test_a_prompt_that_departs_from_the_cached_one_reuses_only_the_shared_prefix(policy, prompts):
+    sampling = SamplingConfig(max_new_tokens=12)
+    reuse = TransformersGenerator(policy.model, policy.stop_ids, prefix_cache_positions=20_000)
+    full = TransformersGenerator(policy.model, policy.stop_ids)
+    base = prompts[3]  # 1,500 tokens
+    (first,) = reuse.generate([base], [0], sampling)
+    departs = base[:900] + [(base[900] + 1) % 500 + 3] + base[901:1200]  # differs at position 900
+    shorter = base[:700]  # a prefix of the cached sequence: all but its last token reused
+    unrelated = [(t + 7) % 500 + 3 for t in base[:300]]  # differs from the first token
+    for prompt, expected_reuse in ((departs, 900), (shorter, 699), (unrelated, 0)):
+        before = reuse.prefix_cache.stats["reused_positions"]
+        (a,) = reuse.generate([prompt], [0], sampling)
+        (b,) = full.generate([prompt], [0], sampling)
+        assert a.ids == b.ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert reuse.prefix_cache.stats["reused_positions"] - before == expected_reuse
+    assert first.ids  # the first call generated (and stored) normally
+    reuse.clear_prefix_cache()
+    assert len(reuse.prefix_cache) == 0 and reuse.prefix_cache.positions == 0
+
+
+def test_prefix_cache_stays_within_its_positions_least_recently_used_first_out():
+    from nanocomposer.generation import PrefixCache
+
+    def states(n: int):
+        return [(torch.zeros(1, 2, n, 4), torch.zeros(1, 2, n, 4))]
+
+    cache = PrefixCache(max_positions=100)
+    cache.store(list(range(40)), states(40))  # a
+    cache.store(list(range(100, 140)), states(40))  # b
+    assert cache.positions == 80 and len(cache) == 2
+    assert cache.longest(list(range(30)) + [999])[1] == 30  # a is now the most recently used
+    cache.store(list(range(200, 240)), states(40))  # c: over 100, so the least recently used (b) goes
+    assert cache.positions == 80 and cache.longest(list(range(100, 140)))[0] is None
+    cache.store(list(range(70)), states(70))  # extends a: replaces it; then c must go to fit (40 + 70 > 100)
+    assert cache.positions == 70 and len(cache) == 1
+    assert cache.longest(list(range(200, 240)))[0] is None
+    found, common = cache.longest(list(range(80)))
+    assert common == 70 and found[0][0].shape[-2] == 70
+    cache.store(list(range(101)), states(101))  # larger than the whole budget: not kept, nothing evicted
+    assert cache.positions == 70 and len(cache) == 1
+    assert PrefixCache(0).longest([1, 2])[0] is None
+    with pytest.raises(ValueError, match="max_positions=-1"):
+        PrefixCache(-1)
+
+
+def test_conversations_with_prefix_reuse_equal_conversations_without(policy, calc_task):
+    """Multi-turn conversations rendered with the checkpoint's chat template through act_batch, prefix cache on
+    (what a checkpoint ModelPolicy loads with) and off: the same prompts and completions every turn, and the
+    template keeps each turn's prompt a prefix of the next, so later turns reuse the earlier states."""
+    sampling = SamplingConfig(max_new_tokens=12)
+    on = ModelPolicy(policy.name, sampling=sampling)
+    off = ModelPolicy(policy.name, sampling=sampling, prefix_cache_positions=0)
+    assert on.generator.prefix_cache.max_positions > 0 and off.generator.prefix_cache.max_positions == 0
+    assert ModelPolicy(on.model, on.tokenizer).generator.prefix_cache.max_positions == 0  # borrowed: off
+
+    def play(model_policy) -> list[list]:
+        requests, turns = _requests(calc_task, 3), []
+        for turn in range(3):
+            generations = model_policy.act_batch(requests)
+            turns.append([(g.prompt_ids, g.completion_ids) for g in generations])
+            requests = [TurnRequest(r.messages + [{"role": "assistant", "content": g.text},
+                                                  {"role": "tool", "content": f"result {turn} " * (5 + 20 * k)}],
+                                    r.tools, r.episode_key, turn + 1)
+                        for k, (r, g) in enumerate(zip(requests, generations, strict=True))]
+        return turns
+
+    assert play(on) == play(off)
+    stats = on.generator.prefix_cache.stats
+    assert stats["reused_positions"] > 2 * stats["prefilled_positions"] / 3  # most of turns 2 and 3 reused
