@@ -16,8 +16,10 @@ plays the very same tasks), greedy, `--max-turns` x `--max-new-tokens`:
 - `new-noreuse`: the same with the prefix cache off (ModelPolicy's default set to 0 for that process), to
   attribute the gain.
 
-Reported per arm: wall seconds of the eval process (model load included), episodes/s, the ratio to `old`, and
-its behaviour: tool-call validity, mean turns, exit statuses, and how many episodes wrote exactly the same
+An arm may be listed several times (`old,new,new,old`): each run is reported, and per arm the median. Reported
+per run: wall seconds of the eval process (model load included), episodes/s, CPU seconds of the process and
+everything it waited for (its worker processes, sandboxed commands; so the old arm's two workers add up) and
+episodes per CPU second, the ratios to `old` (medians), and the behaviour: tool-call validity, mean turns, exit statuses, and how many episodes wrote exactly the same
 assistant messages as in the first arm (greedy CPU decoding may break near-ties differently across batch
 shapes). Only ratios measured in one run mean anything on a shared machine.
 """
@@ -26,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", required=True, help="checkpoint directory")
     p.add_argument("--tasks", required=True, help="a directory of task directories (e.g. the held-out project tasks)")
     p.add_argument("--limit", type=int, default=None, help="N tasks evenly spaced over the sorted set (all if unset)")
-    p.add_argument("--arms", default="old,new", help=f"comma-separated, in run order, from {', '.join(ARMS)}")
+    p.add_argument("--arms", default="old,new", help=f"comma-separated, in run order (repeats allowed), from "
+                                                     f"{', '.join(ARMS)}")
     p.add_argument("--workers", type=int, default=8, help="episodes at once in the new arms")
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -104,29 +109,36 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copytree(d, tasks / d.name, symlinks=True)
         report = {"tasks": len(chosen), "source": str(args.tasks), "policy": str(args.policy),
                   "workers_new": args.workers, "max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens,
-                  "arms": {}}
+                  "runs": [], "arms": {}}
         first_texts: dict | None = None
         for arm in arms:
             output = work / f"{arm}.json"
             command, cwd = arm_command(arm, args, tasks, output)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             done = subprocess.run(command, check=False, cwd=cwd, capture_output=True, text=True)
-            wall = time.perf_counter() - t0
+            wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
             if done.returncode != 0:
                 raise SystemExit(f"bench.eval_speed: arm {arm} failed (exit {done.returncode}): "
                                  f"{done.stderr.strip().splitlines()[-1:]}")
             results = json.loads(output.read_text())
             texts = {r["id"]: assistant_texts(r) for r in results["tasks"]}
             first_texts = first_texts or texts
-            row = {"wall_s": round(wall, 1), "episodes": len(results["tasks"]),
-                   "episodes_per_s": round(len(results["tasks"]) / wall, 4), **behaviour(results),
+            n = len(results["tasks"])
+            row = {"arm": arm, "wall_s": round(wall, 1), "episodes": n, "episodes_per_s": round(n / wall, 4),
+                   "cpu_s": round(cpu, 1), "episodes_per_cpu_s": round(n / cpu, 4), **behaviour(results),
                    "same_assistant_messages_as_first_arm": sum(texts[k] == first_texts.get(k) for k in texts)}
-            report["arms"][arm] = row
+            report["runs"].append(row)
             print(f"{arm}: {row}", flush=True)
+        for arm in dict.fromkeys(arms):
+            runs = [r for r in report["runs"] if r["arm"] == arm]
+            report["arms"][arm] = {key: statistics.median(r[key] for r in runs)
+                                   for key in ("episodes_per_s", "episodes_per_cpu_s")}
         if "old" in report["arms"]:
-            base = report["arms"]["old"]["episodes_per_s"]
+            base = report["arms"]["old"]
             for row in report["arms"].values():
-                row["x_old"] = round(row["episodes_per_s"] / base, 3)
+                row["x_old"] = round(row["episodes_per_s"] / base["episodes_per_s"], 3)
+                row["x_old_per_cpu_s"] = round(row["episodes_per_cpu_s"] / base["episodes_per_cpu_s"], 3)
         print(json.dumps(report, indent=1))
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1))
