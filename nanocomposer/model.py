@@ -7,8 +7,11 @@ and then trained by continued pretraining (CPT) on the code corpus.
 
 Choices, and why:
 - Architecture: Llama. A custom tokenizer saved beside a Qwen2 config is re-loaded by `AutoTokenizer`
-  as `Qwen2Tokenizer`, which swaps in its own pre-tokenizer (field notes, pitfall 3); with a Llama
-  config and `tokenizer_class = TokenizersBackend` the trained `tokenizer.json` is used as is.
+  as `Qwen2Tokenizer`, which swaps in its own pre-tokenizer; with a Llama config and
+  `tokenizer_class = TokenizersBackend` the trained `tokenizer.json` is used as is. The tiny preset uses
+  smeared keys (`nanocomposer.smeared_llama`, `--smeared-keys 1`): a plain Llama of this size had not
+  learned to copy a name from its context after 7.7 M CPT tokens (docs/copying.md), and the smeared key
+  gives attention the previous token for free, which is half of the copying circuit.
 - Tokenizer: byte-level BPE (never an unknown token) behind the GPT-4 split regex, which keeps runs of
   indentation together and splits numbers into groups of at most three digits. Trained on the corpus'
   `train` split only, so validation loss is not flattered by the vocabulary.
@@ -29,7 +32,7 @@ Choices, and why:
       hidden 384, 6 layers: 13.8 M params, 217 tokens/s
   At vocab 8192 the LM head is a large share of the compute, so going narrower buys little speed
   (+13%) for a much weaker transformer, while more layers (-30%) or width (-68%) cut the tokens a
-  10-minute CPT sees. The field notes' 6.8 M-param Llama ran CPT at ~1,500 tokens/s in plain Trainer
+  10-minute CPT sees. A 6.8 M-param Llama ran CPT at ~1,500 tokens/s in plain Trainer
   (~0.9 M tokens in 10 min; loss 9.1 -> 4.1) and then learned well-formed tool calls in 60 SFT steps.
   Tying input and output embeddings saves 2.1 M parameters (28% of the untied model).
   The context (4096) only sets RoPE's position limit; it costs no parameters or compute.
@@ -64,6 +67,8 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from nanocomposer.smeared_llama import SmearedKeyLlamaConfig, SmearedKeyLlamaForCausalLM
+
 CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 
 ENDOFTEXT = "<|endoftext|>"
@@ -79,11 +84,13 @@ SPLIT_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-DEFAULT_SIZES = {"vocab_size": 8192, "hidden": 256, "layers": 4, "heads": 4, "context": 4096, "seed": 0}
+DEFAULT_SIZES = {"vocab_size": 8192, "hidden": 256, "layers": 4, "heads": 4, "context": 4096, "seed": 0,
+                 "smeared_keys": 1}
 # `python -m nanocomposer.model build --preset NAME`: whole size sets (see the module docstring).
 PRESETS = {
     "tiny": DEFAULT_SIZES,  # 5.3 M parameters: the CPU pipeline (runs/tiny.sh)
-    "gpu_scratch": {**DEFAULT_SIZES, "hidden": 768, "layers": 12, "heads": 12},  # 91.2 M: runs/gpu_scratch.sh
+    # 91.2 M: runs/gpu_scratch.sh. Plain Llama keys: vLLM (the GPU generation backend) has no smeared-key model.
+    "gpu_scratch": {**DEFAULT_SIZES, "hidden": 768, "layers": 12, "heads": 12, "smeared_keys": 0},
 }
 
 # How `tokenizer.parse_response` (transformers >= 5.13) reads a generated assistant turn back into
@@ -221,16 +228,23 @@ def ffn_width(hidden: int) -> int:
 
 
 def build_model(
-    tokenizer: PreTrainedTokenizerFast, *, hidden: int, layers: int, heads: int, context: int, seed: int
+    tokenizer: PreTrainedTokenizerFast, *, hidden: int, layers: int, heads: int, context: int, seed: int,
+    smeared_keys: bool = bool(DEFAULT_SIZES["smeared_keys"]),
 ) -> LlamaForCausalLM:
-    """A randomly initialised Llama sized to `tokenizer`, with token ids and generation stops set."""
+    """A randomly initialised Llama sized to `tokenizer`, with token ids and generation stops set.
+
+    `smeared_keys`: the smeared-key variant (`nanocomposer.smeared_llama`), which learns to copy from its
+    context within a few hundred steps where the plain Llama plateaus (docs/copying.md).
+    """
     if hidden % heads:
         raise ValueError(f"build_model: hidden={hidden} is not divisible by heads={heads}")
     if (hidden // heads) % 2:
         raise ValueError(f"build_model: head size {hidden // heads} must be even for rotary embeddings")
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     endoftext_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
-    config = LlamaConfig(
+    config_class, model_class = (SmearedKeyLlamaConfig, SmearedKeyLlamaForCausalLM) if smeared_keys else (
+        LlamaConfig, LlamaForCausalLM)
+    config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=ffn_width(hidden),
@@ -246,7 +260,7 @@ def build_model(
         pad_token_id=endoftext_id,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = model_class(config)
     # Stop at the end of a chat turn or, for the CPT'd base model sampled on raw code, of a document.
     model.generation_config.eos_token_id = [eos_id, endoftext_id]
     model.generation_config.pad_token_id = endoftext_id
@@ -262,7 +276,7 @@ def count_parameters(model: torch.nn.Module) -> int:
 def build_base(out_dir: str | Path, corpus: str | Path, **sizes: int) -> Path:
     """Train the tokenizer on `corpus`'s train split, build the model and save both to `out_dir`.
 
-    `sizes` overrides DEFAULT_SIZES (vocab_size, hidden, layers, heads, context, seed).
+    `sizes` overrides DEFAULT_SIZES (vocab_size, hidden, layers, heads, context, seed, smeared_keys).
     """
     unknown = set(sizes) - set(DEFAULT_SIZES)
     if unknown:
@@ -291,6 +305,7 @@ def build_base(out_dir: str | Path, corpus: str | Path, **sizes: int) -> Path:
         heads=cfg["heads"],
         context=cfg["context"],
         seed=cfg["seed"],
+        smeared_keys=bool(cfg["smeared_keys"]),
     )
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -301,6 +316,7 @@ def build_base(out_dir: str | Path, corpus: str | Path, **sizes: int) -> Path:
         "vocab_size": len(tokenizer),
         "vocab_size_requested": cfg["vocab_size"],
         "intermediate": model.config.intermediate_size,
+        "architecture": type(model).__name__,
         "parameters": count_parameters(model),
         "corpus": str(corpus),
         "corpus_kind": "DatasetDict, train split"
@@ -321,11 +337,11 @@ A byte-level BPE tokenizer trained on the code corpus and a randomly initialised
 nothing yet; continued pretraining comes next. Rebuild (deterministic for the same corpus):
 
     python -m nanocomposer.model build --out OUT --corpus {card["corpus"]} --vocab-size {card["vocab_size_requested"]} \\
-        --hidden {card["hidden"]} --layers {card["layers"]} --heads {card["heads"]} --context {card["context"]} --seed {card["seed"]}
+        --hidden {card["hidden"]} --layers {card["layers"]} --heads {card["heads"]} --context {card["context"]} --seed {card["seed"]} --smeared-keys {card["smeared_keys"]}
 
 | | |
 |---|---|
-| architecture | LlamaForCausalLM, tied input/output embeddings |
+| architecture | {card["architecture"]}, tied input/output embeddings |
 | parameters | {card["parameters"]:,} |
 | hidden / layers / heads | {card["hidden"]} / {card["layers"]} / {card["heads"]} (head size {card["hidden"] // card["heads"]}) |
 | SwiGLU width | {card["intermediate"]} |
@@ -507,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     build.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
                        help="size set (default tiny); the size flags below override single values of it")
-    for name in ("vocab_size", "hidden", "layers", "heads", "context", "seed"):
+    for name in ("vocab_size", "hidden", "layers", "heads", "context", "seed", "smeared_keys"):
         build.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
                            help=f"default: the preset's (tiny: {DEFAULT_SIZES[name]})")
 

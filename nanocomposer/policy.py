@@ -68,6 +68,7 @@ from nanocomposer.generation import (
     TransformersGenerator,
     VLLMGenerator,
 )
+from nanocomposer.smeared_llama import MODEL_TYPE as SMEARED_MODEL_TYPE
 
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls")  # what the chat template reads
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -409,6 +410,9 @@ class ModelPolicy:
             gpu_memory = resolve_vllm_gpu_memory(vllm_gpu_memory)
             require_vllm()
             path, config, configured_eos, loaded_tokenizer = load_config_and_tokenizer(path_or_model)
+            if getattr(config, "model_type", None) == SMEARED_MODEL_TYPE:
+                raise ModelLoadError(f"checkpoint {str(path)!r}: vLLM has no {SMEARED_MODEL_TYPE} architecture "
+                                     "(smeared keys, nanocomposer.smeared_llama); use backend='transformers'")
             self.model, self.device, self.owns_model = None, None, True
             self.name = name or str(path_or_model)
         elif isinstance(path_or_model, (str, Path)):

@@ -39,8 +39,9 @@ def calc_task(tmp_path):
     return make_calc_task(tmp_path)
 
 
-def save_micro_checkpoint(dest: Path, context: int = 4096) -> Path:
-    """An untrained micro model (vocab ~512, hidden 64, 2 layers) saved at `dest` like a pipeline stage."""
+def save_micro_checkpoint(dest: Path, context: int = 4096, smeared_keys: bool = True) -> Path:
+    """An untrained micro model (vocab ~512, hidden 64, 2 layers) saved at `dest` like a pipeline stage; the
+    default base's architecture (smeared keys) unless `smeared_keys=False` (a plain Llama, what vLLM serves)."""
     import sysconfig
 
     import torch
@@ -52,7 +53,8 @@ def save_micro_checkpoint(dest: Path, context: int = 4096) -> Path:
     tokenizer = build_tokenizer([(stdlib / f).read_text(encoding="utf-8") for f in ("json/encoder.py", "shlex.py")],
                                 512)
     tokenizer.model_max_length = context
-    build_model(tokenizer, hidden=64, layers=2, heads=2, context=context, seed=0).save_pretrained(dest)
+    build_model(tokenizer, hidden=64, layers=2, heads=2, context=context, seed=0,
+                smeared_keys=smeared_keys).save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return dest
 

@@ -446,7 +446,7 @@ def test_sft_trainer_trains_assistant_only_with_our_template(built, tokenizer, t
 
 def test_micro_model_loads_generates_and_matches_its_card(built, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(built["out"])
-    assert type(model).__name__ == "LlamaForCausalLM"
+    assert type(model).__name__ == "SmearedKeyLlamaForCausalLM"  # the default base (nanocomposer.smeared_llama)
     config = model.config
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (64, 2, 2)
     assert config.vocab_size == len(tokenizer) and config.max_position_embeddings == MICRO["context"]
@@ -466,6 +466,7 @@ def test_micro_model_loads_generates_and_matches_its_card(built, tokenizer):
     parameters = sum(p.numel() for p in model.parameters())
     assert f"| parameters | {parameters:,} |" in card
     assert f"{len(built['train']):,} documents" in card
+    assert "| architecture | SmearedKeyLlamaForCausalLM," in card and "--smeared-keys 1" in card
 
 
 def test_same_seed_same_weights_different_seed_different_weights(built, tokenizer):

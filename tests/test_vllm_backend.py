@@ -213,8 +213,9 @@ def no_torch_weights(monkeypatch):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    """An untrained micro model saved like a pipeline stage (as in tests/test_eval.py)."""
-    return save_micro_checkpoint(tmp_path_factory.mktemp("runs") / "micro" / "sft", CONTEXT)
+    """An untrained micro model saved like a pipeline stage (as in tests/test_eval.py); plain Llama keys, since
+    vLLM has no smeared-key architecture (tests/test_smeared_llama.py checks the refusal)."""
+    return save_micro_checkpoint(tmp_path_factory.mktemp("runs") / "micro" / "sft", CONTEXT, smeared_keys=False)
 
 
 @pytest.fixture(scope="module")
