@@ -43,6 +43,7 @@ from nanocomposer.common import (
 )
 from nanocomposer.config import ArgumentError, ConfigError, CPTScriptArguments, RecipeParser
 from nanocomposer.copy_eval import CopyAccuracyCallback, make_probes
+from nanocomposer.copy_warmup import FIRST_ID, copy_warmup_blocks, distinct_ids
 
 STAGE = "cpt"
 
@@ -63,11 +64,17 @@ class CPTArguments(CPTScriptArguments):
         default=0, metadata={"help": "Log eval/copy_accuracy on this many held-out copy probes at every "
                                      "evaluation (0: off)."}
     )
+    copy_warmup_steps: int = field(
+        default=0, metadata={"help": "Optimizer steps of repeated random token runs before the code blocks "
+                                     "(nanocomposer/copy_warmup.py): copying forms on them first. 0: off."}
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if self.copy_eval_probes < 0:
             raise ArgumentError("copy_eval_probes", self.copy_eval_probes, "must be >= 0 (0: off)")
+        if self.copy_warmup_steps < 0:
+            raise ArgumentError("copy_warmup_steps", self.copy_warmup_steps, "must be >= 0 (0: off)")
         if self.mix_dataset_path is None and self.mix_fraction != 0:
             raise ArgumentError("mix_fraction", self.mix_fraction, "needs mix_dataset_path")
         if self.mix_dataset_path is not None and not 0 < self.mix_fraction < 1:
@@ -81,6 +88,23 @@ class PackedCausalLMTrainer(Trainer):
         if "eval_loss" in logs:
             logs["eval_perplexity"] = perplexity(logs["eval_loss"])
         super().log(logs, *args, **kwargs)
+
+
+def put_copy_warmup_first(train_blocks, script_args: CPTArguments, training_args: TrainingArguments, vocab_size: int):
+    """(warm-up rows then the code blocks, number of warm-up rows). The Trainer's sampler becomes sequential so
+    the warm-up comes first; the code blocks are shuffled here instead, with the run's seed (and a resumed run
+    skips exactly the rows it already trained on)."""
+    from datasets import concatenate_datasets
+
+    rows = (script_args.copy_warmup_steps * training_args.per_device_train_batch_size
+            * training_args.gradient_accumulation_steps * max(1, training_args.world_size))
+    try:
+        warmup = copy_warmup_blocks(rows, script_args.block_size, vocab_size, training_args.seed)
+    except ValueError as e:
+        raise ConfigError(f"copy_warmup_steps {script_args.copy_warmup_steps}: {e}") from None
+    training_args.train_sampling_strategy = "sequential"
+    code = train_blocks.shuffle(seed=training_args.seed).flatten_indices()
+    return concatenate_datasets([warmup.cast(code.features), code]), rows
 
 
 def main(script_args: CPTArguments, training_args: TrainingArguments, model_args: ModelConfig) -> dict:
@@ -125,6 +149,9 @@ def main(script_args: CPTArguments, training_args: TrainingArguments, model_args
              f"in a split (train {train_stats['tokens']}, validation {eval_stats['tokens']})")
     if script_args.max_eval_blocks is not None:
         eval_blocks = eval_blocks.select(range(min(script_args.max_eval_blocks, len(eval_blocks))))
+    if script_args.copy_warmup_steps:
+        train_blocks, train_stats["copy_warmup_blocks"] = put_copy_warmup_first(
+            train_blocks, script_args, training_args, len(tokenizer))
     print0(f"[cpt] train: {train_stats['documents']:,} docs, {train_stats['tokens']:,} tokens -> "
            f"{train_stats['blocks']:,} blocks of {script_args.block_size} ({train_stats['kept_fraction']:.1%} kept); "
            f"validation: {len(eval_blocks):,} blocks")
@@ -151,7 +178,8 @@ def main(script_args: CPTArguments, training_args: TrainingArguments, model_args
         data_collator=default_data_collator,  # fixed-size blocks: stack, no padding, no attention mask
     )
     if copy_probes:
-        trainer.add_callback(CopyAccuracyCallback(copy_probes, trainer.log))
+        trainer.add_callback(CopyAccuracyCallback(copy_probes, trainer.log, repeat_distinct=(
+            distinct_ids(len(tokenizer)) if len(tokenizer) > FIRST_ID + 1 else None)))
 
     ################
     # Train, evaluate, save

@@ -19,32 +19,10 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from nanocomposer.copy_warmup import FIRST_ID, repeated_runs_accuracy, repeated_runs_row
 from nanocomposer.smeared_llama import SmearedKeyLlamaConfig, SmearedKeyLlamaForCausalLM
 
 ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM), "smeared": (SmearedKeyLlamaConfig, SmearedKeyLlamaForCausalLM)}
-FIRST_ID = 100  # random runs use ids FIRST_ID .. FIRST_ID + distinct - 1 (clear of the special tokens)
-
-
-def repeated_runs_row(rng: random.Random, length: int, distinct: int, shortest: int, longest: int) -> list[int]:
-    row: list[int] = []
-    while len(row) < length:
-        run = [rng.randrange(FIRST_ID, FIRST_ID + distinct) for _ in range(rng.randint(shortest, longest))]
-        row += run + run + [0]
-    return row[:length]
-
-
-def second_half_accuracy(model, distinct: int, runs: int = 16, half: int = 20) -> float:
-    rng = random.Random(123)
-    hits = 0
-    model.eval()
-    with torch.no_grad():
-        for _ in range(runs):
-            run = [rng.randrange(FIRST_ID, FIRST_ID + distinct) for _ in range(half)]
-            ids = torch.tensor([run + run])
-            predicted = model(ids).logits[0].argmax(-1)
-            hits += (predicted[half:2 * half - 1] == ids[0, half + 1:]).sum().item()
-    model.train()
-    return hits / (runs * (half - 1))
 
 
 def train(arch: str, args) -> list[tuple[int, float, float]]:
@@ -60,14 +38,14 @@ def train(arch: str, args) -> list[tuple[int, float, float]]:
     started, curve = time.perf_counter(), []
     for step in range(args.steps + 1):
         if step % args.every == 0:
-            curve.append((step, time.perf_counter() - started, second_half_accuracy(model, args.distinct)))
+            curve.append((step, time.perf_counter() - started, repeated_runs_accuracy(model, args.distinct)))
             print(f"{arch:>8} step {step:5d}  {curve[-1][1]:6.0f} s  second-half accuracy {curve[-1][2]:.3f}",
                   flush=True)
         if step == args.steps:
             break
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / 50)
-        ids = torch.tensor([repeated_runs_row(rng, args.context, args.distinct, 4, 16) for _ in range(args.batch)])
+        ids = torch.tensor([repeated_runs_row(rng, args.context, args.distinct) for _ in range(args.batch)])
         model(input_ids=ids, labels=ids).loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -164,23 +164,29 @@ def _predictions_at(model, input_ids, attention_mask, rows, positions) -> torch.
 
 class CopyAccuracyCallback(TrainerCallback):
     """Logs `eval_copy_accuracy`, `eval_copy_token_accuracy` and `eval_next_name_accuracy` after every
-    evaluation of a Trainer (W&B shows them as eval/copy_accuracy, ...).
+    evaluation of a Trainer (W&B shows them as eval/copy_accuracy, ...), and with `repeat_distinct` also
+    `eval_repeat_copy_accuracy`: copying fresh random token runs (`nanocomposer.copy_warmup`).
 
     `log` is the trainer's `log` method: the values go through every logging callback and into
     `state.log_history` as their own entry at the evaluation's step. They are also added to the metrics
     dict `trainer.evaluate()` returns.
     """
 
-    def __init__(self, probes: list[CopyProbe], log, batch_size: int = 32):
+    def __init__(self, probes: list[CopyProbe], log, batch_size: int = 32, repeat_distinct: int | None = None):
         if not probes:
             raise ValueError("CopyAccuracyCallback: no probes")
         self.probes, self.log, self.batch_size = probes, log, batch_size
+        self.repeat_distinct = repeat_distinct  # also log eval_repeat_copy_accuracy (nanocomposer.copy_warmup)
 
     def on_evaluate(self, args, state, control, model=None, metrics=None, **kwargs):
         if model is None or not state.is_world_process_zero:
             return
         result = copy_accuracy(model, self.probes, self.batch_size)
         logs = {f"eval_{key}": result[key] for key in ("copy_accuracy", "copy_token_accuracy", "next_name_accuracy")}
+        if self.repeat_distinct:
+            from nanocomposer.copy_warmup import repeated_runs_accuracy
+
+            logs["eval_repeat_copy_accuracy"] = repeated_runs_accuracy(model, self.repeat_distinct)
         if metrics is not None:
             metrics.update(logs)
         self.log(logs)

@@ -182,3 +182,37 @@ def test_lora_cpt_trains_and_saves_a_merged_checkpoint(micro, tmp_path):
                                        "--lora_target_modules", "q_proj", "v_proj", "--learning_rate", "2e-2"))
     assert metrics["final_eval_loss"] < metrics["initial_eval_loss"]
     assert_merged_lora_checkpoint(tmp_path / "t" / "cpt", micro / "base")
+
+
+def test_copy_warmup_rows_come_first_then_every_code_block(micro, tmp_path, monkeypatch):
+    """copy_warmup_steps: that many steps of repeated random runs lead the (seed-shuffled) code blocks."""
+    seen = []
+    original = train_cpt.PackedCausalLMTrainer.compute_loss
+
+    def recording(self, model, inputs, *args, **kwargs):
+        if model.training:  # not the evaluation batches
+            seen.append(inputs["input_ids"].tolist())
+        return original(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(train_cpt.PackedCausalLMTrainer, "compute_loss", recording)
+    metrics = train_cpt.main(*cpt_args(micro, tmp_path, "--copy_warmup_steps", "2", "--max_steps", "4",
+                                       "--eval_on_start", "false"))
+    assert metrics["global_step"] == 4 and len(seen) == 4
+    for batch in seen[:2]:  # warm-up rows: each run is followed by itself
+        for row in batch:
+            run = row[:row.index(0)] if 0 in row else []
+            assert len(run) >= 8 and run[:len(run) // 2] == run[len(run) // 2:]
+    tokenizer = load_tokenizer(str(micro / "base"))
+    corpus = "".join((STDLIB / name).read_text(encoding="utf-8") for name in STDLIB_FILES[:11])
+    for row in seen[2] + seen[3]:  # then code: every block is a slice of the train documents
+        assert all(piece in corpus for piece in tokenizer.decode(row).split("<|endoftext|>"))
+    assert "copy_warmup_blocks: 8" in (tmp_path / "t" / "cpt" / "config.yaml").read_text()
+
+
+def test_copy_warmup_needs_a_vocabulary_above_the_reserved_ids():
+    from nanocomposer.copy_warmup import copy_warmup_blocks
+
+    with pytest.raises(ValueError, match="leaves none above id 100"):
+        copy_warmup_blocks(2, 16, 90, 0)
+    rows = copy_warmup_blocks(3, 40, 300, 0)
+    assert len(rows) == 3 and rows[0]["labels"][0] == -100 and rows[0]["position_ids"] == list(range(40))
