@@ -28,6 +28,17 @@ Transformers backend, and why it is a hand-written decode loop rather than `mode
   are dropped), so finished rows cost nothing; the batch ends when every row stopped or reached
   max_new_tokens. Models whose cache is not plain full attention (sliding-window or hybrid layers) are
   prefilled in one left-padded forward instead, position ids counted from the mask (`cumsum(mask) - 1`).
+- Prefix reuse (`prefix_cache_positions` > 0; ModelPolicy turns it on for models it loads): each row's KV
+  states (its prompt and completion, all but the last token, which was never fed) are kept in a `PrefixCache`
+  when the row leaves the batch. An episode's next prompt is the previous prompt + completion + the tool
+  results + the next header (the chat template is prefix-preserving), so its prefill starts from the cached
+  states of its longest shared token prefix and runs only over the new suffix: each turn's prefill costs its
+  new tokens, not the whole conversation again. Matched by tokens, not by episode, so a prompt that departs
+  from the cached one (a re-rendered turn, another episode of the same task) reuses exactly the shared part.
+  Greedy tokens equal a full prefill's up to the ~1e-7 logit differences above (tests check identity over
+  multi-turn conversations). The cache keeps at most `prefix_cache_positions` positions, least recently used
+  out first, and a new entry replaces the ones it extends (one per live episode). The states are only valid
+  for the weights that made them: off for a borrowed (training) model.
 - Prompts are sorted by length and packed into batches of at most `max_batch_tokens` cache positions
   (rows x (longest prompt + max_new_tokens)), which bounds the cache's memory (8 KB per position for the
   demo's 5.3M model, fp32: 256 MB at the default).
