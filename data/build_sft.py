@@ -145,7 +145,7 @@ def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, li
     for split, path in splits.items():
         if not path.is_dir():
             continue
-        tasks = load_task_set(path)[:limit] if limit else load_task_set(path)
+        tasks = spread_subset(load_task_set(path), limit) if limit else load_task_set(path)  # every family
         if split == "validation" and val_tasks:  # a loss curve needs few; the held-out split may be large
             tasks = spread_subset(tasks, val_tasks)
         rows, kept, dropped = oracle_rows(tasks, variants, seed, workers, f"oracle {split}")
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--concurrency", "--workers", dest="concurrency", type=int, default=2,
                    help="oracle episodes played at once (threads; --workers is the old name)")
-    p.add_argument("--limit", type=int, default=None, help="at most N tasks per split")
+    p.add_argument("--limit", type=int, default=None, help="at most N tasks per split, spread over the set")
     p.add_argument("--val-tasks", type=int, default=None,
                    help="at most N validation tasks, evenly spaced over the val split (loss curve only)")
     p.add_argument("--tokenizer", default=None, help="count tokens with this tokenizer's chat template")
