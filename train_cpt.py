@@ -9,10 +9,11 @@ Output: runs/<run>/cpt/ with the model and tokenizer (LoRA merged), config.yaml,
 data_manifest.json, checkpoints and the offline W&B run.
 
 Plain `transformers.Trainer` rather than TRL's SFTTrainer: on CPU it is ~1.6x faster (SFTTrainer's
-chunked LM-head loss) and SFTTrainer's default bfd packing truncates every document to max_length
-(field notes, pitfalls 7 and 9). Packing is ours (`nanocomposer.common.pack_documents`): full blocks, no
+chunked LM-head loss) and SFTTrainer's default bfd packing truncates every document to max_length.
+Packing is ours (`nanocomposer.common.pack_documents`): full blocks, no
 padding, `position_ids` restarting at every document so attention is block-causal (no cross-document
-leakage; tests/test_train_cpt.py checks the logits of a document alone and packed).
+leakage; tests/test_train_cpt.py checks the logits of a document alone and packed). That holds for a forward
+without a KV cache, as in training: with one, transformers skips its packed-sequence detection.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def row_from_task(task: Task) -> dict:
     """One dataset row holding everything needed to rebuild the task directory (`task_from_row`).
 
     File trees and the remaining task.json keys are JSON strings: Arrow would otherwise null-fill
-    dicts with differing keys (see field notes, pitfall 5).
+    dicts with differing keys.
     """
     return {
         "id": task.id, "instruction": task.instruction, "test_command": task.test_command,

@@ -186,7 +186,7 @@ def move_aside(path: Path) -> Path:
 
 
 def configure_device(training_args) -> None:
-    """Without CUDA: fp32 on CPU and no activation checkpointing (field notes, pitfalls 1 and 2).
+    """Without CUDA: fp32 on CPU and no activation checkpointing.
 
     bf16 on CPU is 4-15x slower than fp32 here, and recomputing activations buys nothing at these sizes.
     """

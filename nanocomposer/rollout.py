@@ -10,7 +10,7 @@ times); each prompt is looked up to its task directory, and all the step's episo
 `run_tasks` call, each in a fresh sandbox: the system prompt, tool schemas, parsing, tool-result formatting,
 output truncation and budgets are eval.py's, because they are the episode loop's (env/episode.py).
 `environment_factory` would have put TRL's tool loop in charge of parsing and turn-taking (a malformed call
-is plain text there, field notes), so there would be two loops.
+is plain text there), so there would be two loops.
 
 In-process and batched: the episodes' tools and grading run in the runner's threads (sandboxed commands are
 subprocesses), and every turn that waits for the model goes, with all the others waiting then, to one
@@ -577,7 +577,7 @@ class AgentRollout:
             self.log_trajectories(trainer.state.global_step, results, facts)
 
     def log_trajectories(self, step: int, results: list[EpisodeResult], facts: list[dict]) -> None:
-        """A few full trajectories as JSONL (and a W&B table): our own table, field notes pitfall 8."""
+        """A few full trajectories as JSONL (and a W&B table): our own table."""
         rows = []
         for result, fact in list(zip(results, facts))[: self.config.log_trajectories_count]:
             sample = episode_sample(result.trajectory, self.tokenizer.eos_token_id)
