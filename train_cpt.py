@@ -94,7 +94,8 @@ class PackedCausalLMTrainer(Trainer):
 def put_copy_warmup_first(train_blocks, script_args: CPTArguments, training_args: TrainingArguments, vocab_size: int):
     """(warm-up rows then the code blocks, number of warm-up rows). The Trainer's sampler becomes sequential so
     the warm-up comes first; the code blocks are shuffled here instead, with the run's seed (and a resumed run
-    skips exactly the rows it already trained on)."""
+    skips exactly the rows it already trained on). A run longer than one pass over the rows starts the next
+    epoch with the warm-up again and the code in the same order."""
     from datasets import concatenate_datasets
 
     rows = (script_args.copy_warmup_steps * training_args.per_device_train_batch_size
