@@ -106,8 +106,9 @@ def test_few_steps_lower_eval_loss_and_write_outputs(micro, tmp_path):
     assert "final_eval_loss" in (out / "README.md").read_text()
 
 
-def test_resume_after_crash_reaches_same_step_and_loss(micro, tmp_path, monkeypatch):
-    saving = ("--save_strategy", "steps", "--save_steps", "2")
+@pytest.mark.parametrize("warmup", [(), ("--copy_warmup_steps", "3")], ids=["code", "copy_warmup"])
+def test_resume_after_crash_reaches_same_step_and_loss(micro, tmp_path, monkeypatch, warmup):
+    saving = ("--save_strategy", "steps", "--save_steps", "2", *warmup)
     reference = train_cpt.main(*cpt_args(micro, tmp_path / "reference", *saving))
 
     original_step = train_cpt.PackedCausalLMTrainer.training_step
