@@ -383,7 +383,8 @@ class ModelPolicy:
     `act_batch` calls are split into several batches (nanocomposer/generation.py).
     `prefix_cache_positions`: KV positions the transformers backend keeps so an episode's next turn is prefilled
     only past the conversation it already saw (`PrefixCache`); default DEFAULT_PREFIX_CACHE_POSITIONS for a
-    model loaded here, 0 (off) for a borrowed one, whose weights change between calls (RL).
+    model loaded here, 0 (off) for a borrowed one, whose weights may change between calls (RL's RolloutPolicy
+    turns it on and clears it after each rollout).
 
     Subclasses change how tokens are produced by overriding `_generate_batch(prompts, seeds)` (all requests of
     an `act_batch`) or `_generate(prompt_ids, seed)` (one sequence; then `act_batch` calls it per request).

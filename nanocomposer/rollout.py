@@ -73,7 +73,7 @@ from env.rewards import episode_facts
 from env.runner import TaskRef
 from env.tasks import Task, TaskError, load_task
 from env.workspace import make_workspace, remove_workspace
-from nanocomposer.generation import Completion
+from nanocomposer.generation import DEFAULT_PREFIX_CACHE_POSITIONS, Completion, TransformersGenerator
 from nanocomposer.policy import ModelPolicy, SamplingConfig
 
 BACKENDS = ("transformers", "vllm")
@@ -168,6 +168,10 @@ class RolloutPolicy(ModelPolicy):
     for that episode. The state is kept per `episode_key` (a request of turn 0 starts it afresh); `forget()`
     drops it once a rollout's episodes are over.
 
+    The transformers backend keeps each episode's KV states between its turns (`PrefixCache`), so a turn
+    prefills only the tokens the environment added. The weights are fixed within a rollout and change after
+    it (the optimizer step), so `forget()` clears that cache too: no rollout reuses states of older weights.
+
     `cpu_threads` (ModelPolicy's): torch's CPU threads while generating (restored after; None: leave them).
     """
 
@@ -180,6 +184,8 @@ class RolloutPolicy(ModelPolicy):
     def forget(self) -> None:
         self._sequences.clear()
         self._rendered.clear()
+        if isinstance(self.generator, TransformersGenerator):
+            self.generator.clear_prefix_cache()
 
     def render_text(self, messages: list[dict], tools: list[dict]) -> str:
         from nanocomposer.policy import MESSAGE_KEYS
@@ -364,7 +370,8 @@ def make_rollout_policy(model, tokenizer, config: RolloutConfig, trainer=None) -
     trainer's vLLM engine, whose weights TRL syncs before the rollout."""
     if config.backend == "vllm":
         return VLLMRolloutPolicy(model, tokenizer, config.sampling, trainer)
-    return RolloutPolicy(model, tokenizer, config.sampling, name="rollout", cpu_threads=config.generation_threads)
+    return RolloutPolicy(model, tokenizer, config.sampling, name="rollout", cpu_threads=config.generation_threads,
+                         prefix_cache_positions=DEFAULT_PREFIX_CACHE_POSITIONS)
 
 
 def play_episodes(policy: RolloutPolicy, task_dirs: list[str], config: RolloutConfig, seed: int,

@@ -280,6 +280,33 @@ def test_batched_rollout_equals_one_episode_at_a_time_and_uses_the_live_weights(
         model.load_state_dict(live)
 
 
+def test_rollout_reuses_each_episodes_prefix_within_a_rollout_and_never_across_weight_updates(micro, tasks):
+    _, model, tokenizer = micro
+    root, calc = tasks
+    task_dirs = [str(calc.root), str(calc.root), str(root / "calc-add-2")]
+    config = RolloutConfig(episode=EpisodeConfig(max_turns=3), sampling=SamplingConfig(max_new_tokens=8,
+                                                                                       temperature=1.0))
+    live = {k: v.clone() for k, v in model.state_dict().items()}
+    cached = make_rollout_policy(model, tokenizer, config)
+    uncached = RolloutPolicy(model, tokenizer, config.sampling, name="uncached", prefix_cache_positions=0)
+    cache = cached.generator.prefix_cache
+    try:
+        for _ in range(2):  # the second round runs after the weights changed: reused states would be stale
+            reused_before = cache.stats["reused_positions"]
+            with_cache = play_episodes(cached, task_dirs, config, seed=7)
+            assert cache.stats["reused_positions"] > reused_before  # later turns prefilled only the new tokens
+            assert len(cache) == 0  # cleared when the rollout ended: the next one may run with new weights
+            without = play_episodes(uncached, task_dirs, config, seed=7)
+            assert ([[t["completion_ids"] for t in r.trajectory.turns] for r in with_cache]
+                    == [[t["completion_ids"] for t in r.trajectory.turns] for r in without])
+            with torch.no_grad():
+                for layer in model.model.layers:  # new keys and values: every cached state is stale
+                    layer.self_attn.k_proj.weight.mul_(-3.0)
+                    layer.self_attn.v_proj.weight.mul_(-3.0)
+    finally:
+        model.load_state_dict(live)
+
+
 def test_grpo_steps_through_train_rl(micro, tasks, tmp_path):
     import train_rl
 
