@@ -13,6 +13,7 @@ RUN=${RUN:-$(basename "$(dirname "$SFT")")-rt}
 CYCLES=${CYCLES:-5}
 AB_SESSIONS=${AB_SESSIONS:-400}
 RECIPE=${RECIPE:-recipes/tiny/realtime.yaml}
+TASKS=${TASKS:-factory:val}   # the A/B traffic: the recipe's traffic_tasks
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 stage() { echo; echo "== $* ($(date +%H:%M:%S))"; }
 t0=$(date +%s)
@@ -25,7 +26,7 @@ cat "runs/$RUN/realtime/report.md"
 stage "2. live A/B: the starting version (A) vs the loop's current version (B), $AB_SESSIONS conversations per arm"
 CURRENT=$(cat "runs/$RUN/realtime/registry/current")
 $PY -m bench.realtime ab --a "runs/$RUN/realtime/registry/versions/v0" \
-  --b "runs/$RUN/realtime/registry/versions/$CURRENT" --tasks factory:val --sessions "$AB_SESSIONS" \
+  --b "runs/$RUN/realtime/registry/versions/$CURRENT" --tasks "$TASKS" --sessions "$AB_SESSIONS" \
   --recipe recipes/tiny/users.yaml --max-turns 8 --max-new-tokens 128 --temperature 1.0 --backend transformers \
   --out "runs/$RUN/ab"
 
