@@ -54,6 +54,7 @@ import gc
 import hashlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +79,9 @@ BACKENDS = ("transformers", "vllm")
 VLLM_GPU_MEMORY_ENV = "NANOCOMPOSER_VLLM_GPU_MEMORY"  # fraction of the GPU's memory the vLLM engine may take
 DEFAULT_VLLM_GPU_MEMORY = 0.85
 VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams rejects temperatures above this
+# transformers' from_pretrained is not thread-safe: two threads loading at once (the agent server's workers after a
+# promotion) both came back without the tied lm_head, in every try. One load at a time per process.
+_LOAD_LOCK = threading.Lock()
 
 
 class ModelLoadError(RuntimeError):
@@ -267,11 +271,12 @@ def load_model_and_tokenizer(path, device: str | None = None):
     """
     path, where, base_path, tokenizer_dir = _locate_checkpoint(path)
     device = device or _default_device()
-    if base_path is not None:
-        model = _load_adapter(path, base_path, where, device)
-    else:
-        model = _load_weights(path, where, device)
-    tokenizer = _load_tokenizer(tokenizer_dir, where)
+    with _LOAD_LOCK:
+        if base_path is not None:
+            model = _load_adapter(path, base_path, where, device)
+        else:
+            model = _load_weights(path, where, device)
+        tokenizer = _load_tokenizer(tokenizer_dir, where)
     _keep_only_stop_ids(model)
     return model.eval(), tokenizer
 

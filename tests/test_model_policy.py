@@ -302,6 +302,22 @@ def test_broken_checkpoints_raise_model_load_error_naming_the_path(checkpoints, 
     assert str(path) in str(info.value) and says in str(info.value), str(info.value)
 
 
+def test_threads_loading_at_once_all_get_complete_models(checkpoints):
+    # The agent server's workers load a promoted version at the same moment; unserialised, transformers gave
+    # every one of them an untied (missing) lm_head.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def load(_):
+        try:
+            model, _tok = load_model_and_tokenizer(checkpoints["random"], "cpu")
+            return model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        except ModelLoadError as e:
+            return str(e)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(load, range(8))) == [True] * 8
+
+
 def test_a_run_directory_hints_at_the_stages_inside_it(checkpoints, tmp_path):
     shutil.copytree(checkpoints["random"], tmp_path / "sft")
     with pytest.raises(ModelLoadError, match=r"no config.json.*model directories inside it: sft"):
