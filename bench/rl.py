@@ -3,6 +3,7 @@
     python -m bench.rl                                               # recipes/tiny/rl.yaml, 6 steps
     python -m bench.rl --steps 8 --model runs/demo/sft
     python -m bench.rl --config recipes/tiny/rl.yaml -- --rollout_workers 1    # extra train_rl.py flags after --
+    python -m bench.rl --prefix-cache on off     # the same run with and without per-episode KV prefix reuse
 
 Runs the RL stage (`train_rl.py`, as its own process: a stage is a program, not a library) on the recipe
 with W&B off, no checkpoints and outputs in a temp dir, and reads the means of the last (up to) 5 logged steps
@@ -39,6 +40,9 @@ import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# train_rl.py run with the rollout policy's prefix cache off (a subprocess: nothing here imports the stage script)
+NO_PREFIX_CACHE = ("import runpy, sys, nanocomposer.rollout as r; r.DEFAULT_PREFIX_CACHE_POSITIONS = 0; "
+                   "sys.argv = ['train_rl.py', *sys.argv[1:]]; runpy.run_path('train_rl.py', run_name='__main__')")
 LAST_STEPS = "## Last steps"  # the model card section train_rl.py writes: means of the last 5 logged steps
 
 
@@ -59,12 +63,13 @@ def card_metrics(readme: Path) -> dict[str, float]:
     return metrics
 
 
-def run(config: str, steps: int, model: str | None, extra: list[str]) -> dict:
+def run(config: str, steps: int, model: str | None, extra: list[str], prefix_cache: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-rl-") as tmp:
         args = ["--config", config, "--run", "bench", "--runs_dir", tmp, "--max_steps", str(steps),
                 "--report_to", "none", "--save_strategy", "no", "--log_trajectories_steps", "0", "--logging_steps", "1"]
         args += ["--model_name_or_path", model] if model else []
-        proc = subprocess.run([sys.executable, str(REPO_ROOT / "train_rl.py"), *args, *extra], cwd=REPO_ROOT,
+        stage = [str(REPO_ROOT / "train_rl.py")] if prefix_cache else ["-c", NO_PREFIX_CACHE]
+        proc = subprocess.run([sys.executable, *stage, *args, *extra], cwd=REPO_ROOT,
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"train_rl.py exited {proc.returncode}: {(proc.stderr or proc.stdout)[-2000:]}")
@@ -93,18 +98,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(REPO_ROOT / "recipes/tiny/rl.yaml"))
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--model", default=None, help="override the recipe's model_name_or_path")
+    parser.add_argument("--prefix-cache", nargs="+", choices=("on", "off"), default=["on"],
+                        help="one run per value, side by side: the rollout's KV prefix reuse on or off")
     parser.add_argument("extra", nargs="*", help="train_rl.py flags (after --)")
     args = parser.parse_args(argv)
-    try:
-        result = run(args.config, args.steps, args.model, args.extra)
-    except RuntimeError as e:
-        print(f"bench.rl: error: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=1))
-    print(f"step {result['step_s']:.1f} s = generation {result['generation_s']:.1f} s ({result['generation_share']:.0%}) "
-          f"+ env {result['env_s']:.2f} s ({result['env_share']:.1%}) + training {result['train_s']:.1f} s "
-          f"({result['train_share']:.0%}); {result['mean_turns']:.1f} turns, "
-          f"{result['mean_completion_tokens']:.0f} completion tokens per episode")
+    for mode in args.prefix_cache:
+        try:
+            result = run(args.config, args.steps, args.model, args.extra, prefix_cache=mode == "on")
+        except RuntimeError as e:
+            print(f"bench.rl: error: {e}", file=sys.stderr)
+            return 1
+        print(json.dumps({"prefix_cache": mode, **result}, indent=1))
+        print(f"prefix cache {mode}: step {result['step_s']:.1f} s = generation {result['generation_s']:.1f} s "
+              f"({result['generation_share']:.0%}) + env {result['env_s']:.2f} s ({result['env_share']:.1%}) "
+              f"+ training {result['train_s']:.1f} s ({result['train_share']:.0%}); {result['mean_turns']:.1f} "
+              f"turns, {result['mean_completion_tokens']:.0f} completion tokens per episode")
     return 0
 
 
