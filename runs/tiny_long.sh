@@ -32,8 +32,8 @@ $PY train_cpt.py --config recipes/tiny_long/cpt.yaml --run "$RUN"
 stage "2. SFT on the ladder, held-out solve rate logged while training -> runs/$RUN/sft"
 $PY train_sft.py --config recipes/tiny_long/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt"
 
-mkdir -p "runs/$RUN/edge"
 stage "3a. the SFT model's pass@4 on $EDGE_TASKS train tasks (temperature 1, the RL budgets)"
+mkdir -p "runs/$RUN/edge"  # eval.py refuses an --output whose directory does not exist (a typo guard)
 $PY eval.py --config recipes/tiny_long/eval.yaml --policy "runs/$RUN/sft" --tasks artifacts/ladder/tasks/train \
   --limit "$EDGE_TASKS" --samples 4 --temperature 1 --max-wall-s 120 --output "runs/$RUN/edge/results.json"
 $PY -m data.select_edge_tasks --results "runs/$RUN/edge/results.episodes.jsonl" --tasks artifacts/ladder/tasks/train \
