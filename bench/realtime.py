@@ -97,7 +97,7 @@ def _num(x: float) -> str:
 def ab_markdown(table: dict, a: str, b: str, traffic: dict | None = None) -> str:
     where = "" if traffic is None else (
         f" Tasks [{traffic['offset']}, {traffic['offset'] + traffic['task_limit']}) of {traffic['task_set']} "
-        f"(sorted by id; {traffic['set_size']} tasks), none of them in the loop's training traffic.")
+        f"(families interleaved; {traffic['set_size']} tasks), none of them in the loop's training traffic.")
     lines = [f"# Live A/B: B = {b} vs A = {a}", "",
              (f"{table['paired_conversations']} paired conversations (same users, same tasks); "
               f"{table['only_in_one_arm']} in one arm only.{where}"), "",

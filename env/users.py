@@ -5,8 +5,8 @@
         [--report users.json]
 
 Each conversation takes a task from a set training never saw (held-out factory splits, the samples) and
-a user with parameters drawn from the recipe. Which tasks (`draw_tasks`): the set, in the order of its task
-ids, cut to the range [offset, offset + task_limit), shuffled by the seed; conversation i takes the i-th task
+a user with parameters drawn from the recipe. Which tasks (`draw_tasks`): the set, its families interleaved
+(`interleaved_by_family`), cut to the range [offset, offset + task_limit), shuffled by the seed; conversation i takes the i-th task
 of that order (cycling). Runs over non-overlapping ranges never ask for the same task, so fresh traffic for an
 A/B comparison is `--offset` past what training traffic drew from (`--task-limit`). The seed (the recipe's,
 or `--seed`) also draws every user's patience, answers, follow-ups, feedback noise and timing, so the same
@@ -138,11 +138,26 @@ def judge(task: Task, diff: str, submission: str) -> bool:
         remove_workspace(workspace)
 
 
+def interleaved_by_family(tasks: list[Task]) -> list[Task]:
+    """The set's fixed order: families (sorted) taken in turn, each family's tasks by id. Every prefix then holds
+    the families in proportion, so two ranges of it ask for the same kinds of task; a plain sort by id would
+    give one range all of the families that sort first (factory ids start with the family name). Tasks with no
+    family form one family of their own."""
+    families: dict[str, list[Task]] = {}
+    for task in sorted(tasks, key=lambda t: t.id):
+        families.setdefault(task.meta.get("family", ""), []).append(task)
+    queues = [families[name] for name in sorted(families)]
+    # Family f's i-th task goes at fraction (i + 0.5) / len(f) of the order: a small family is spread over the
+    # whole set rather than used up in its first rounds.
+    return [task for _, _, task in sorted((((i + 0.5) / len(queue), f, task) for f, queue in enumerate(queues)
+                                          for i, task in enumerate(queue)), key=lambda x: x[:2])]
+
+
 def draw_tasks(tasks: list[Task], seed: int, offset: int = 0, limit: int | None = None) -> list[Task]:
-    """The tasks of a run in the order its conversations take them (module docstring): the set sorted by task
-    id, cut to [offset, offset + limit) (limit None: to the end), shuffled by `seed`. ValueError naming the
-    flag for a range that does not fit the set."""
-    ordered = sorted(tasks, key=lambda t: t.id)
+    """The tasks of a run in the order its conversations take them (module docstring): the set in its fixed
+    order (`interleaved_by_family`), cut to [offset, offset + limit) (limit None: to the end), shuffled by
+    `seed`. ValueError naming the flag for a range that does not fit the set."""
+    ordered = interleaved_by_family(tasks)
     if offset < 0 or offset >= len(ordered):
         raise ValueError(f"--offset {offset}: must be in [0, {len(ordered)}) (the task set has {len(ordered)} tasks)")
     if limit is not None and not 1 <= limit <= len(ordered) - offset:

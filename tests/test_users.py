@@ -9,8 +9,16 @@ import httpx
 import pytest
 
 from env.task_sets import SAMPLES_DIR
-from env.tasks import load_task, load_task_set
-from env.users import Population, Simulation, draw_tasks, hidden_spec, judge, load_population
+from env.tasks import Task, load_task, load_task_set
+from env.users import (
+    Population,
+    Simulation,
+    draw_tasks,
+    hidden_spec,
+    interleaved_by_family,
+    judge,
+    load_population,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = load_task(SAMPLES_DIR / "fix_bug_leap_century")
@@ -124,14 +132,32 @@ def test_cli_errors_are_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("env.users: error: users recipe")
 
 
+def test_the_fixed_order_spreads_every_family_over_the_set(tmp_path):
+    # Ids that sort by family (as the factory's do): a split of the sorted ids would give one side only the
+    # families that sort first.
+    sizes = {"alpha": 6, "beta": 6, "gamma": 3, "delta": 1}
+    tasks = [Task(f"{family}-{i:02d}", "do it", "true", tmp_path, meta={"family": family})
+             for family, n in sizes.items() for i in range(n)]
+    ordered = interleaved_by_family(tasks)
+    assert sorted(t.id for t in ordered) == sorted(t.id for t in tasks)
+    for k in (8, 12):  # each side of a split holds each family's share, to within one task
+        for side in (ordered[:k], ordered[k:]):
+            for family, n in sizes.items():
+                expected = n * len(side) / len(tasks)
+                assert abs(sum(t.meta["family"] == family for t in side) - expected) <= 1, (k, family)
+    assert [t.id for t in interleaved_by_family(list(reversed(tasks)))] == [t.id for t in ordered]
+    no_family = [Task(f"t{i}", "do it", "true", tmp_path) for i in (3, 1, 2)]
+    assert [t.id for t in interleaved_by_family(no_family)] == ["t1", "t2", "t3"]
+
+
 def test_draw_tasks_ranges_are_disjoint_and_the_seed_orders_them():
     tasks = load_task_set(SAMPLES_DIR)  # 5 tasks
-    ids = sorted(t.id for t in tasks)
+    ids = [t.id for t in interleaved_by_family(tasks)]
     first, rest = draw_tasks(tasks, 3, offset=0, limit=2), draw_tasks(list(reversed(tasks)), 3, offset=2)
-    assert {t.id for t in first} == set(ids[:2]) and {t.id for t in rest} == set(ids[2:])  # by id, any load order
+    assert {t.id for t in first} == set(ids[:2]) and {t.id for t in rest} == set(ids[2:])  # any load order
     assert [t.id for t in draw_tasks(tasks, 3, offset=2)] == [t.id for t in rest]  # same seed: same order
     orders = {tuple(t.id for t in draw_tasks(tasks, seed)) for seed in range(8)}
-    assert len(orders) > 1 and all(sorted(o) == ids for o in orders)  # the seed permutes, never drops
+    assert len(orders) > 1 and all(sorted(o) == sorted(ids) for o in orders)  # the seed permutes, never drops
     for offset, limit, flag in [(5, None, "--offset 5"), (-1, None, "--offset -1"), (3, 3, "--task-limit 3"),
                                 (0, 0, "--task-limit 0")]:
         with pytest.raises(ValueError, match=flag):

@@ -18,7 +18,7 @@ class RealtimeArguments(StageArguments):
     traffic_tasks: str = field(default="factory:val", metadata={
         "help": "What the simulated users ask for (env/task_sets.py names or a directory); never the gate's."})
     traffic_task_limit: int | None = field(default=None, metadata={
-        "help": "K: training traffic draws from the first K tasks of traffic_tasks (sorted by id), bench/realtime.py "
+        "help": "K: training traffic draws from the first K tasks of traffic_tasks (families interleaved), bench/realtime.py "
                 "ab from the rest, so an A/B never measures on a trained task (None: half the set)."})
     gate_tasks: str = field(default="factory:test", metadata={
         "help": "Held-out tasks of the gate (harness-native benchmark); must not overlap traffic_tasks."})

@@ -1,16 +1,18 @@
 """Which tasks the simulated users ask for: the loop's training traffic and the live A/B never share one.
 
-The traffic set, sorted by task id, is split at K (`traffic_task_limit`; None: half the set, rounded down):
-every cycle's users draw from tasks [0, K), the arms of `bench/realtime.py ab` from [K, end), so an A/B
-measures versions on tasks no cycle trained on. Within its range a run's order is env.users.draw_tasks' (shuffled
-by the run's seed); the users themselves are env.users' CLI (nanocomposer/realtime/server.py::run_users).
+The traffic set, in its fixed order (env.users.interleaved_by_family: the families taken in turn, so both
+sides of the split get every kind of task in proportion), is split at K (`traffic_task_limit`; None: half the
+set, rounded down): every cycle's users draw from tasks [0, K), the arms of `bench/realtime.py ab` from
+[K, end), so an A/B measures versions on tasks no cycle trained on, of the same kinds. Within its range a
+run's order is env.users.draw_tasks' (shuffled by the run's seed); the users themselves are env.users' CLI
+(nanocomposer/realtime/server.py::run_users).
 """
 
 from __future__ import annotations
 
 
 def split_point(set_size: int, task_limit: int | None, name: str = "traffic_task_limit") -> int:
-    """K: training traffic takes the first K tasks of the sorted set, the A/B the rest. ValueError (naming the
+    """K: training traffic takes the first K tasks of the ordered set, the A/B the rest. ValueError (naming the
     argument as `name`) unless both ranges are non-empty."""
     k = set_size // 2 if task_limit is None else task_limit
     if not 1 <= k < set_size:
