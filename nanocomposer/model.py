@@ -81,14 +81,22 @@ SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
 # Added, not special: see the module docstring.
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
-# GPT-4 (cl100k) pre-tokenization split, as used by Qwen2 and Llama 3 byte-level tokenizers.
+# GPT-4 (cl100k) pre-tokenization split, as used by Qwen2 and Llama 3 byte-level tokenizers: a word takes
+# the one character before it (" foo", "(foo", ".foo").
 SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Bare words (`bare_words=1`): the same split, but a run of letters never takes the character before it, and a
+# run of spaces is its own piece. A name then starts with the same token wherever it occurs, which copying it
+# needs (module docstring).
+BARE_WORDS_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+"
+)
 
 DEFAULT_SIZES = {"vocab_size": 8192, "hidden": 256, "layers": 4, "heads": 4, "context": 4096, "seed": 0,
-                 "smeared_keys": 1}
+                 "smeared_keys": 1, "bare_words": 0}
 # `python -m nanocomposer.model build --preset NAME`: whole size sets (see the module docstring).
 PRESETS = {
     "tiny": DEFAULT_SIZES,  # 5.3 M parameters: the CPU pipeline (runs/tiny.sh)
@@ -154,11 +162,13 @@ def iter_corpus_texts(corpus: str | Path, split: str = "train") -> Iterator[str]
 # --------------------------------------------------------------------------- tokenizer
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def build_tokenizer(texts: Iterable[str], vocab_size: int,
+                    bare_words: bool = bool(DEFAULT_SIZES["bare_words"])) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `texts` and wrap it for transformers, chat template included.
 
     `vocab_size` counts everything: 3 special tokens, 4 tool tokens and the BPE vocabulary (which can
-    come out smaller when the texts are too few to support that many merges).
+    come out smaller when the texts are too few to support that many merges). `bare_words`: split with
+    BARE_WORDS_SPLIT_PATTERN instead of the GPT-4 pattern.
     """
     floor = 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS)
     if vocab_size <= floor:
@@ -179,7 +189,8 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.Split(Regex(BARE_WORDS_SPLIT_PATTERN if bare_words else SPLIT_PATTERN),
+                                 behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -279,7 +290,8 @@ def count_parameters(model: torch.nn.Module) -> int:
 def build_base(out_dir: str | Path, corpus: str | Path, **sizes: int) -> Path:
     """Train the tokenizer on `corpus`'s train split, build the model and save both to `out_dir`.
 
-    `sizes` overrides DEFAULT_SIZES (vocab_size, hidden, layers, heads, context, seed, smeared_keys).
+    `sizes` overrides DEFAULT_SIZES (vocab_size, hidden, layers, heads, context, seed, smeared_keys,
+    bare_words).
     """
     unknown = set(sizes) - set(DEFAULT_SIZES)
     if unknown:
@@ -298,7 +310,8 @@ def build_base(out_dir: str | Path, corpus: str | Path, **sizes: int) -> Path:
             yield text
 
     started = time.perf_counter()
-    tokenizer = build_tokenizer(tracked(iter_corpus_texts(corpus, "train")), cfg["vocab_size"])
+    tokenizer = build_tokenizer(tracked(iter_corpus_texts(corpus, "train")), cfg["vocab_size"],
+                                bare_words=bool(cfg["bare_words"]))
     tokenizer_seconds = time.perf_counter() - started
     tokenizer.model_max_length = cfg["context"]
     model = build_model(
@@ -340,7 +353,8 @@ A byte-level BPE tokenizer trained on the code corpus and a randomly initialised
 nothing yet; continued pretraining comes next. Rebuild (deterministic for the same corpus):
 
     python -m nanocomposer.model build --out OUT --corpus {card["corpus"]} --vocab-size {card["vocab_size_requested"]} \\
-        --hidden {card["hidden"]} --layers {card["layers"]} --heads {card["heads"]} --context {card["context"]} --seed {card["seed"]} --smeared-keys {card["smeared_keys"]}
+        --hidden {card["hidden"]} --layers {card["layers"]} --heads {card["heads"]} --context {card["context"]} --seed {card["seed"]} --smeared-keys {card["smeared_keys"]} \\
+        --bare-words {card["bare_words"]}
 
 | | |
 |---|---|
@@ -529,9 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     build.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
                        help="size set (default tiny); the size flags below override single values of it")
-    for name in ("vocab_size", "hidden", "layers", "heads", "context", "seed", "smeared_keys"):
+    for name, tiny_value in DEFAULT_SIZES.items():
         build.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
-                           help=f"default: the preset's (tiny: {DEFAULT_SIZES[name]})")
+                           help=f"default: the preset's (tiny: {tiny_value})")
 
     bench = commands.add_parser("bench", help="parameters and training tokens/s for candidate sizes")
     bench.add_argument("--vocab-size", type=int, default=DEFAULT_SIZES["vocab_size"])

@@ -107,6 +107,40 @@ def test_saved_tokenizer_matches_trained_tokenizer_and_round_trips(built, tokeni
     assert tokenizer.chat_template == load_chat_template()
 
 
+def name_tokens(tokenizer, text: str, name: str) -> list[int]:
+    """The ids of the tokens that cover the last occurrence of `name` in `text`."""
+    start = text.rindex(name)
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return [i for i, (a, b) in zip(encoding["input_ids"], encoding["offset_mapping"], strict=True)
+            if a < start + len(name) and b > start]
+
+
+def test_bare_words_give_a_name_the_same_tokens_wherever_it_occurs(built):
+    # Copying a name from the context needs its first token to be the one it had there: the GPT-4 split glues
+    # the character before a word to it, so ` dounaim` (prose) and `"dounaim` (a JSON argument) start differently.
+    name = "dounaim_kel"
+    contexts = [f"the token is {name}", f'{{"answer": "{name}"}}', f"x = f({name})", f"self.{name}", f"\n{name}"]
+    for bare_words in (False, True):
+        tokenizer = build_tokenizer(built["train"], MICRO["vocab_size"], bare_words=bare_words)
+        tokens = {tuple(name_tokens(tokenizer, text, name)) for text in contexts}
+        assert (len(tokens) == 1) == bare_words, tokens
+        for text in contexts:
+            assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_bench_tokenizer_counts_answers_written_with_the_tokens_the_instruction_shows(built, tmp_path):
+    from bench.tokenizer import answer_agreement
+    from env.tasks import Task
+
+    tasks = [Task("copy", "Submit this token exactly as written: dounaim-468-naifen", "true", tmp_path,
+                  meta={"gold_answer": "dounaim-468-naifen"}),
+             Task("elsewhere", "Fix the bug.", "true", tmp_path, meta={"gold_answer": "kel"}),  # not counted
+             Task("none", "Fix the bug.", "true", tmp_path)]
+    for bare_words, expected in ((False, (0, 1)), (True, (1, 1))):
+        assert answer_agreement(build_tokenizer(built["train"], MICRO["vocab_size"], bare_words=bare_words),
+                                tasks) == expected
+
+
 def test_tool_tokens_are_single_tokens_that_survive_skip_special_tokens(tokenizer):
     text = 'Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
     ids = tokenizer.encode(text + IM_END)
