@@ -2,6 +2,7 @@
 indices. No model and no processes: the server and the users are stood in for where the loop calls them."""
 
 import json
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -9,6 +10,7 @@ import pytest
 from conftest import make_calc_task
 
 from env.task_sets import resolve_task_set
+from env.tasks import write_task
 from env.users import draw_tasks
 from nanocomposer.agent.store import SessionStore
 from nanocomposer.config import ArgumentError
@@ -48,7 +50,7 @@ class FakeServer:
 def make_loop(tmp_path: Path, traffic_set: Path, monkeypatch, **overrides) -> Loop:
     monkeypatch.setattr(loop_module, "AgentServer", lambda registry, db, *, log, **options: FakeServer(**options))
     args = RealtimeArguments(run="t", runs_dir=str(tmp_path / "runs"), traffic_tasks=str(traffic_set),
-                             gate_tasks=str(tmp_path), sessions_per_cycle=5, **overrides)
+                             sessions_per_cycle=5, **{"gate_tasks": str(tmp_path), **overrides})
     training_args = SimpleNamespace(seed=7, temperature=1.0)
     return Loop(args, training_args, SimpleNamespace(model_name_or_path="oracle"), log=lambda *a: None)
 
@@ -59,6 +61,19 @@ def test_the_serve_command_carries_the_loops_seed(tmp_path, traffic_set, monkeyp
     assert options["seed"] == 7
     cmd = serve_command(tmp_path / "registry", tmp_path / "db", **options)
     assert cmd[cmd.index("--seed") + 1] == "7" and cmd[cmd.index("--temperature") + 1] == "1.0"
+
+
+def test_the_gate_plays_every_family_of_its_set(tmp_path, traffic_set, monkeypatch):
+    gate_set = tmp_path / "gate"
+    for family, n in (("alpha", 4), ("beta", 4), ("gamma", 2)):  # ids sort by family, as the factory's do
+        for i in range(n):
+            write_task(gate_set / f"{family}-{i}", id=f"{family}-{i}", instruction="x", test_command="true",
+                       repo={"a.py": "x = 1\n"}, family=family)
+    loop = make_loop(tmp_path, traffic_set, monkeypatch, gate_tasks=str(gate_set), gate_task_limit=6)
+    picked = Counter(t.meta["family"] for t in loop.gate_tasks())
+    assert picked == {"alpha": 2, "beta": 2, "gamma": 2}
+    everything = make_loop(tmp_path, traffic_set, monkeypatch, gate_tasks=str(gate_set), gate_task_limit=None)
+    assert len(everything.gate_tasks()) == 10
 
 
 def test_training_and_ab_task_ranges_are_disjoint_and_cover_the_set(traffic_set):

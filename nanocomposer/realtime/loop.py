@@ -370,10 +370,13 @@ class Loop:
         return report
 
     def gate_tasks(self) -> list:
+        """The gate's tasks: `gate_task_limit` of them spread over the set's families, as the SFT stage's harness
+        eval picks them. The first N in id order would be N of the family whose ids sort first."""
         from env.task_sets import resolve_task_set
+        from nanocomposer.harness_eval import spread_over_families
 
-        tasks = resolve_task_set(self.args.gate_tasks).tasks
-        return tasks[:self.args.gate_task_limit] if self.args.gate_task_limit else tasks
+        tasks = sorted(resolve_task_set(self.args.gate_tasks).tasks, key=lambda t: t.id)
+        return spread_over_families(tasks, self.args.gate_task_limit)
 
     def phase_gate(self) -> None:
         report = self.gate(f"v{self.state.cycle}", self.gate_tasks())
