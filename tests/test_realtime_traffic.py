@@ -76,6 +76,18 @@ def test_the_gate_plays_every_family_of_its_set(tmp_path, traffic_set, monkeypat
     assert len(everything.gate_tasks()) == 10
 
 
+def test_a_versions_gate_records_are_reused_only_for_the_same_tasks(tmp_path, traffic_set, monkeypatch):
+    loop = make_loop(tmp_path, traffic_set, monkeypatch)
+    played = []
+    monkeypatch.setattr(loop_module, "evaluate", lambda spec, tasks, **kw: played.append(len(tasks)) or
+                        {"tasks": [t.id for t in tasks]})
+    loop.registry = SimpleNamespace(spec=lambda name: name)
+    tasks = resolve_task_set(str(traffic_set)).tasks
+    first = loop.version_eval("v1", tasks[:2])
+    assert loop.version_eval("v1", list(reversed(tasks[:2]))) == first and played == [2]  # same tasks: cached
+    assert loop.version_eval("v1", tasks[:3]) == {"tasks": [t.id for t in tasks[:3]]} and played == [2, 3]
+
+
 def test_training_and_ab_task_ranges_are_disjoint_and_cover_the_set(traffic_set):
     tasks = resolve_task_set(str(traffic_set)).tasks
     for limit, k in [(None, 3), (1, 1), (5, 5)]:

@@ -8,7 +8,7 @@
       cycles/<k>/                 traffic.json (the tasks its users draw from), users-<first conversation>.json,
                                   collect.json (sessions, counts, live metrics, rewards), update.json,
                                   gate.json, gate.md, cycle.json; server.log, users.log
-      gate_evals/<version>.json   each version's benchmark records (a version is evaluated once)
+      gate_evals/<version>.<tasks>.json   each version's benchmark records (once per version and task list)
       report.md                   one line per finished cycle
 
 A killed loop restarts in the phase it died in (state.json is written after each phase's outputs): the serve
@@ -20,6 +20,7 @@ registry by one rename once complete (a leftover temporary directory is removed)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -337,7 +338,10 @@ class Loop:
 
     def version_eval(self, name: str, tasks: list) -> dict:
         a = self.args
-        path = self.dir / "gate_evals" / f"{name}.json"
+        # Keyed by the tasks too: a loop resumed with other gate tasks must not pair a version's old records
+        # with its candidate's new ones.
+        tasks_key = hashlib.sha256("\n".join(sorted(t.id for t in tasks)).encode()).hexdigest()[:12]
+        path = self.dir / "gate_evals" / f"{name}.{tasks_key}.json"
         if path.is_file():
             return _read(path)
         result = evaluate(self.registry.spec(name), tasks, max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
