@@ -560,3 +560,11 @@ def spread_subset(items: list, n: int) -> list:
     if n >= len(items):
         return list(items)
     return [items[(i * len(items)) // n] for i in range(n)]
+
+
+NO_FAMILY = "none"  # the family of a task whose task.json names none
+
+
+def family_of(task: Task) -> str:
+    """The task's family (task.json `family`), or NO_FAMILY: what samples, splits and eval tables group by."""
+    return str(task.meta.get("family") or NO_FAMILY)

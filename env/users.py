@@ -6,8 +6,8 @@
 
 Each conversation takes a task from a set training never saw (held-out factory splits, the samples) and
 a user with parameters drawn from the recipe. Which tasks (`draw_tasks`): the set, its families interleaved
-(`interleaved_by_family`), cut to the range [offset, offset + task_limit), shuffled by the seed; conversation i takes the i-th task
-of that order (cycling). Runs over non-overlapping ranges never ask for the same task, so fresh traffic for an
+(`interleaved_by_family`), cut to the range [offset, offset + task_limit), shuffled by the seed; conversation
+i takes the i-th task of that order (cycling). Runs over non-overlapping ranges never ask for the same task, so fresh traffic for an
 A/B comparison is `--offset` past what training traffic drew from (`--task-limit`). The seed (the recipe's,
 or `--seed`) also draws every user's patience, answers, follow-ups, feedback noise and timing, so the same
 seed, offset and limit replay the same sessions, each sent with a `sample_key` naming its conversation
@@ -43,7 +43,7 @@ import httpx
 import yaml
 
 from env.task_sets import resolve_task_set
-from env.tasks import Task, TaskError, apply_patch, grade
+from env.tasks import Task, TaskError, apply_patch, family_of, grade
 from env.workspace import make_workspace, remove_workspace
 
 TERMINAL = ("finished", "timed_out", "failed", "interrupted")
@@ -145,7 +145,7 @@ def interleaved_by_family(tasks: list[Task]) -> list[Task]:
     family form one family of their own."""
     families: dict[str, list[Task]] = {}
     for task in sorted(tasks, key=lambda t: t.id):
-        families.setdefault(task.meta.get("family", ""), []).append(task)
+        families.setdefault(family_of(task), []).append(task)
     queues = [families[name] for name in sorted(families)]
     # Family f's i-th task goes at fraction (i + 0.5) / len(f) of the order: a small family is spread over the
     # whole set rather than used up in its first rounds.

@@ -51,18 +51,11 @@ from env.budget import Budget
 from env.episode import EpisodeConfig
 from env.metrics import summarize, summarize_by
 from env.runner import TaskRef, run_tasks
-from env.tasks import Task, TaskError, spread_subset
+from env.tasks import Task, TaskError, family_of, spread_subset
 from nanocomposer.common import print0
 from nanocomposer.config import ConfigError
 
 PREFIX = "harness_"
-NO_FAMILY = "none"  # the family of a task whose task.json names none
-
-
-def family_of(task: Task) -> str:
-    return str(task.meta.get("family") or NO_FAMILY)
-
-
 def spread_over_families(tasks: list[Task], limit: int | None) -> list[Task]:
     """At most `limit` of `tasks`: as many of each family as the others (a family with fewer gives its share to
     the rest), each family's share evenly spaced over it (env.tasks.spread_subset); in the order of `tasks`."""
