@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from transformers import AutoTokenizer
 
 from data.build_copy_corpus import document_seed, generate_document, occurrences
 from env.task_sets import resolve_task_set
+from env.tasks import TaskError
 from nanocomposer.model import iter_corpus_texts
 
 
@@ -77,11 +79,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.documents < 1:
         parser.error("--documents must be >= 1")
-    tasks = resolve_task_set(args.tasks).tasks
+    missing = [path for path in args.models if not Path(path, "tokenizer.json").is_file()]
+    if missing:
+        parser.error(f"--models {missing[0]}: no tokenizer.json there (a base or checkpoint directory)")
+    try:
+        tasks = resolve_task_set(args.tasks).tasks
+        tokenizers = {path: AutoTokenizer.from_pretrained(path) for path in args.models}
+        list(iter_corpus_texts(args.corpus, "validation"))
+    except (OSError, ValueError, TaskError) as e:  # a missing or unreadable model, task set or corpus
+        parser.error(str(e).splitlines()[0])
     print("| tokenizer | copy corpus: same first token | ladder answers: same tokens | code chars/token |")
     print("|---|---|---|---|")
-    for path in args.models:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+    for path, tokenizer in tokenizers.items():
         heads, names = copy_corpus_head_agreement(tokenizer, args.documents)
         answers, with_answer = answer_agreement(tokenizer, tasks)
         print(f"| {path} | {heads / names:.1%} of {names} | {answers / max(with_answer, 1):.1%} of {with_answer} "
