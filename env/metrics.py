@@ -172,12 +172,17 @@ def pass_at_k_by_task(episodes: Iterable) -> dict[str, float]:
             for k in range(1, n + 1)}
 
 
-def per_task_scores(episodes: Iterable) -> dict[str, float]:
-    """Mean solved over each task's samples (the unit the paired comparisons resample)."""
-    by_task: dict[str, list[bool]] = defaultdict(list)
+def malformed_call_count(fields: dict) -> int:
+    """Malformed calls of one episode (its `_episode_fields`)."""
+    return sum(c["malformed"] for calls in fields["turn_calls"] for c in calls)
+
+
+def per_task_scores(episodes: Iterable, score=lambda fields: float(fields["solved"])) -> dict[str, float]:
+    """Mean score over each task's samples (the unit the paired comparisons resample); by default solved."""
+    by_task: dict[str, list[float]] = defaultdict(list)
     for e in episodes:
         f = _episode_fields(e)
-        by_task[f["id"]].append(f["solved"])
+        by_task[f["id"]].append(score(f))
     return {task: sum(v) / len(v) for task, v in by_task.items()}
 
 
@@ -243,11 +248,16 @@ def summarize_by(episodes: Sequence, key: str) -> dict[str, dict]:
 
 def compare_paired(baseline: Sequence, other: Sequence, resamples: int = BOOTSTRAP_RESAMPLES,
                    seed: int = 0) -> dict:
-    """Solve-rate difference (other - baseline) on the tasks both ran, with the paired bootstrap interval."""
+    """Solve-rate difference (other - baseline) on the tasks both ran, with the paired bootstrap interval, and
+    the same for malformed calls per episode (`malformed_per_episode`): whether a change to training made
+    broken calls rarer is as much a result as the solve rate (reward hack 1 shows there first)."""
     a, b = per_task_scores(baseline), per_task_scores(other)
     common = sorted(a.keys() & b.keys())
     mean, lo, hi = paired_bootstrap_interval([a[t] for t in common], [b[t] for t in common], resamples, seed)
     _, nlo, nhi = paired_normal_interval([a[t] for t in common], [b[t] for t in common])
+    ma, mb = per_task_scores(baseline, malformed_call_count), per_task_scores(other, malformed_call_count)
+    m_mean, m_lo, m_hi = paired_bootstrap_interval([ma[t] for t in common], [mb[t] for t in common], resamples, seed)
     return {"diff": round(mean, 4), "ci95": [round(lo, 4), round(hi, 4)], "method": "paired bootstrap over tasks",
             "resamples": resamples, "seed": seed, "normal_ci95": [round(nlo, 4), round(nhi, 4)],
-            "n_tasks": len(common), "only_in_one": len(a.keys() ^ b.keys())}
+            "n_tasks": len(common), "only_in_one": len(a.keys() ^ b.keys()),
+            "malformed_per_episode": {"diff": round(m_mean, 4), "ci95": [round(m_lo, 4), round(m_hi, 4)]}}

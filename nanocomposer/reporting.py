@@ -144,9 +144,18 @@ def comparison_markdown(comparison: dict) -> str:
     lines += ["", "## Behaviour (all tasks)", "", "| metric | " + " | ".join(labels) + " |",
               "|---|" + "---|" * len(labels)]
     for name, fmt in rows:
-        lines.append(f"| {name} | " + " | ".join(fmt(comparison["policies"][label]["metrics"]["all"])
-                                               for label in labels) + " |")
+        cells = [fmt(comparison["policies"][label]["metrics"]["all"]) for label in labels]
+        if name == "malformed calls":
+            cells = [cell if label == base else cell + _malformed_difference(comparison["differences"][label]["all"])
+                     for cell, label in zip(cells, labels)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _malformed_difference(difference: dict) -> str:
+    """`<br>Δ ... per episode [lo, hi]` from compare_paired; empty for a compare.json written before it existed."""
+    m = difference.get("malformed_per_episode")
+    return "" if m is None else f"<br>Δ {m['diff']:+.2f} per episode [{m['ci95'][0]:+.2f}, {m['ci95'][1]:+.2f}]"
 
 
 def plot_comparison(comparison: dict, out_dir: Path) -> list[Path]:

@@ -83,6 +83,8 @@ def test_compare_output_shape(micro_checkpoint, two_tasks, tmp_path, monkeypatch
     assert comparison["differences"]["micro/sft"]["all"]["diff"] == 0.0
     markdown = (out_dir / "compare.md").read_text()
     assert "| task set | noop | gold | micro/sft |" in markdown and "Δ +100.0%" in markdown
+    assert gold["malformed_per_episode"] == {"diff": 0.0, "ci95": [0.0, 0.0]}  # neither makes a malformed call
+    assert "| malformed calls | 0 | 0<br>Δ +0.00 per episode [+0.00, +0.00] |" in markdown
     runs = list((out_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 4  # one per policy and the comparison
 

@@ -146,6 +146,21 @@ def test_compare_paired_uses_common_tasks():
     assert d["diff"] == pytest.approx(2 / 3, abs=1e-4) and d["ci95"][0] <= d["diff"] <= d["ci95"][1]
 
 
+def test_compare_paired_reports_malformed_calls_per_episode_over_tasks():
+    broken, ok = call("read_file", malformed=True), call("read_file")
+    # task a: 0 -> 2 malformed calls; task b: samples with 1 and 3 -> 0 and 0 (per-task mean 2 -> 0); c: 1 -> 1
+    base = [record("a", False, [[ok]]), record("b", False, [[broken]]), record("b", False, [[broken, broken],
+            [broken]]), record("c", False, [[broken]])]
+    other = [record("a", False, [[broken], [broken, ok]]), record("b", True, [[ok]]), record("b", True, [[ok]]),
+             record("c", False, [[broken]])]
+    m = compare_paired(base, other, resamples=500)["malformed_per_episode"]
+    assert m["diff"] == pytest.approx((2 - 2 + 0) / 3, abs=1e-4)
+    assert m["ci95"][0] <= m["diff"] <= m["ci95"][1] and m["ci95"][0] < 0 < m["ci95"][1]
+    worse = [record(t, False, [[broken, broken]]) for t in "abc"]
+    m = compare_paired(base[:1] + base[3:] + [record("b", False, [])], worse, resamples=500)["malformed_per_episode"]
+    assert m["diff"] == pytest.approx((2 + 2 + 1) / 3, abs=1e-4) and m["ci95"][0] > 0
+
+
 def test_trajectories_and_their_records_summarize_alike(calc_task):
     from env.episode import Trajectory
 
