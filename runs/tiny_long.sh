@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUN=${RUN:-long-$(date +%Y%m%d-%H%M%S)}
-EDGE_TASKS=${EDGE_TASKS:-300}   # train tasks whose pass@4 is measured before RL (spread over the rungs)
+EDGE_TASKS=${EDGE_TASKS:-150}   # train tasks whose pass@4 is measured before RL (spread over the rungs)
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false NANOCOMPOSER_PROGRESS=${NANOCOMPOSER_PROGRESS:-1}
 stage() { echo; echo "== $* ($(date +%H:%M:%S))"; }
 t0=$(date +%s)
@@ -20,7 +20,7 @@ if [ -z "${SKIP_DATA:-}" ]; then
     --dense-fraction 0.6 --seed 0 --overwrite
   $PY -m data.build_tasks --out artifacts/ladder/tasks --ladder 300 --ladder-held-out 60 --ladder-only --seed 0 \
     --workers 2 --overwrite
-  $PY -m data.build_sft --tasks artifacts/ladder/tasks --out artifacts/ladder/sft --variants 2 --val-tasks 40 \
+  $PY -m data.build_sft --tasks artifacts/ladder/tasks --out artifacts/ladder/sft --variants 1 --val-tasks 40 \
     --seed 0 --concurrency 4 --overwrite
   stage "base: tokenizer trained on the code mix + a small Llama, random init"
   $PY -m nanocomposer.model build --out artifacts/base --corpus artifacts/data/corpus
