@@ -4,7 +4,8 @@
         --max-turns 8 --max-new-tokens 128 --max-wall-s 120 --max-output-chars 2000 \\
         --output runs/X/edge/results.json
     python -m data.select_edge_tasks --results runs/X/edge/results.episodes.jsonl \\
-        --tasks artifacts/data/tasks/train --out artifacts/data/edge/X [--min-pass 0 --max-pass 1] [--overwrite]
+        --tasks artifacts/data/tasks/train --out artifacts/data/edge/X [--min-pass 0 --max-pass 1] [--overwrite] \\
+        [--unsolved-by runs/X/edge/greedy.json]
     python train_rl.py --config recipes/tiny/rl.yaml --tasks_dir artifacts/data/edge/X
 
 Why: GRPO scores each episode against the other episodes of its group (the num_generations episodes of one
@@ -13,6 +14,15 @@ every episode of its group the same outcome reward, so the outcome contributes n
 small shaping terms differ); nanocomposer/rollout.py logs the share of such groups as `zero_std_groups/...`.
 Training on the tasks whose pass rate over k sampled episodes lies strictly between --min-pass and --max-pass
 (default 0 and 1: at least one solved and one failed episode) spends the rollouts where the signal is.
+
+--unsolved-by RESULTS (optional): also drop the kept tasks that these results solve in any episode, e.g. the
+same policy's greedy eval of the same tasks (`eval.py --tasks artifacts/data/tasks/train --policy runs/X/sft
+--temperature 0 --output runs/X/edge/greedy.json`, with the --limit and budgets of the sampled run).
+Why: a sampled pass rate between 0 and 1 does not say the greedy answer is wrong. On the tiny ladder the SFT
+model's greedy episodes already solved 23 of its 36 edge tasks; GRPO raised the sampled success on them and
+the greedy solve rate did not move (README Results). Keeping only tasks the reference never solves spends
+the rollouts where a gain must show as new solves. The reference results must be of the same policy, and
+must have played every task that would be kept.
 
 --results: what eval.py (env.runner.run_tasks) writes, one `Trajectory.to_record` per episode with the task
 `id`, `sample`, `seed`, `solved` and `exit_status`:
@@ -310,8 +320,27 @@ def write_task_set(out: Path, chosen: list[Task], source: Path, manifest: dict) 
 # --------------------------------------------------------------------------- the command
 
 
+def solved_by_reference(reference: str | Path, policy: str | None, candidates: list[str]) -> set[str]:
+    """The `candidates` that the --unsolved-by results solve in some episode. SelectionError when those
+    results are of another policy or lack one of the candidates."""
+    files = read_results(reference)
+    reference_policy, _ = check_one_policy(files)
+    if reference_policy != policy:
+        raise SelectionError(f"--unsolved-by {str(reference)!r} is of policy {reference_policy!r}, --results of "
+                             f"{policy!r}: compare a policy with itself (e.g. its greedy eval)")
+    played: dict[str, bool] = {}
+    for _, record in (item for f in files for item in f.records):
+        if record["exit_status"] not in NOT_OUTCOMES:
+            played[record["id"]] = played.get(record["id"], False) or record["solved"]
+    missing = [task_id for task_id in candidates if task_id not in played]
+    if missing:
+        raise SelectionError(f"--unsolved-by {str(reference)!r} has no outcome for {len(missing)} of the "
+                             f"{len(candidates)} tasks in range, e.g. {missing[0]!r}: play the same tasks")
+    return {task_id for task_id in candidates if played[task_id]}
+
+
 def select(results: str | Path, tasks: str, out: str | Path, *, min_pass: float = 0.0, max_pass: float = 1.0,
-           overwrite: bool = False) -> dict:
+           overwrite: bool = False, unsolved_by: str | Path | None = None) -> dict:
     """Write the edge task set to `out` (module docstring); its manifest. SelectionError / TaskError if refused."""
     out = Path(out)
     task_set = resolve_task_set(tasks)
@@ -328,7 +357,12 @@ def select(results: str | Path, tasks: str, out: str | Path, *, min_pass: float 
     verdicts = {task_id: classify(o, min_pass, max_pass) for task_id, o in sorted(outcomes.items())}
     kinds = Counter(verdicts.values())
     hist = histogram(outcomes)
-    kept = [task_id for task_id, v in verdicts.items() if v == "kept"]
+    in_range = [task_id for task_id, v in verdicts.items() if v == "kept"]
+    reference_solved = solved_by_reference(unsolved_by, policy, in_range) if unsolved_by is not None else set()
+    kept = [task_id for task_id in in_range if task_id not in reference_solved]
+    if in_range and not kept:
+        raise SelectionError(f"all {len(in_range)} tasks with {min_pass} < pass rate < {max_pass} are solved by "
+                             f"--unsolved-by {str(unsolved_by)!r}: nothing left to select")
     if not kept:
         raise SelectionError(f"no task has {min_pass} < pass rate < {max_pass}: of {len(outcomes)} tasks "
                              f"{kinds['all_solved']} all solved, {kinds['all_failed']} all failed, "
@@ -338,15 +372,19 @@ def select(results: str | Path, tasks: str, out: str | Path, *, min_pass: float 
     chosen = [by_id[i] for i in kept]
     manifest = {
         "kind": MANIFEST_KIND,
-        "rule": f"{min_pass} < solved/samples < {max_pass} over each task's outcome episodes",
+        "rule": f"{min_pass} < solved/samples < {max_pass} over each task's outcome episodes"
+                + (", and never solved by the --unsolved-by results" if unsolved_by is not None else ""),
         "min_pass": min_pass, "max_pass": max_pass,
+        "unsolved_by": None if unsolved_by is None else {
+            "path": str(unsolved_by), "solved_in_range": sorted(reference_solved)},
         "results": str(results),
         "results_files": [{"path": str(f.path), "sha256": sha256_file(f.path), "records": len(f.records),
                            "run_facts": f.facts_source} for f in files],
         "policy": policy, "run_facts": facts,
         "tasks": tasks, "tasks_source": str(source),
         "counts": {"tasks_in_source": len(by_id), "tasks_seen": len(outcomes),
-                   "not_evaluated": len(set(by_id) - set(outcomes)), "kept": len(kept),
+                   "not_evaluated": len(set(by_id) - set(outcomes)), "in_range": len(in_range), "kept": len(kept),
+                   "solved_by_reference": len(reference_solved),
                    "all_solved": kinds["all_solved"], "all_failed": kinds["all_failed"],
                    "outside_range": kinds["outside_range"], "too_few_outcomes": kinds["too_few_outcomes"],
                    "records": sum(len(f.records) for f in files), "failed_records": dict(sorted(failed.items()))},
@@ -377,6 +415,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-pass", type=float, default=0.0, help="keep tasks with pass rate > this")
     parser.add_argument("--max-pass", type=float, default=1.0, help="keep tasks with pass rate < this")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier output of this tool in --out")
+    parser.add_argument("--unsolved-by", help="results of the same policy (e.g. its greedy eval): drop the tasks "
+                        "they solve")
     args = parser.parse_args(argv)
     if not 0.0 <= args.min_pass < args.max_pass <= 1.0:
         parser.error(f"need 0 <= --min-pass < --max-pass <= 1, got {args.min_pass} and {args.max_pass}")
@@ -387,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         manifest = select(args.results, args.tasks, args.out, min_pass=args.min_pass, max_pass=args.max_pass,
-                          overwrite=args.overwrite)
+                          overwrite=args.overwrite, unsolved_by=args.unsolved_by)
     except (SelectionError, TaskError) as e:
         print(f"select_edge_tasks: error: {e}", file=sys.stderr)
         return 2
@@ -397,7 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kept {c['kept']} of {c['tasks_seen']} tasks ({manifest['min_pass']} < pass rate < "
           f"{manifest['max_pass']}; all solved {c['all_solved']}, all failed {c['all_failed']}, outside "
           f"{c['outside_range']}, too few outcomes {c['too_few_outcomes']}, failed records "
-          f"{c['failed_records'] or 0}); histogram {manifest['pass_rate_histogram']} -> {args.out}")
+          f"{c['failed_records'] or 0}"
+          + (f", solved by --unsolved-by {c['solved_by_reference']} of {c['in_range']}" if args.unsolved_by else "")
+          + f"); histogram {manifest['pass_rate_histogram']} -> {args.out}")
     return 0
 
 

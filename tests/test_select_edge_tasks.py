@@ -98,8 +98,9 @@ def test_selects_the_mixed_task_from_a_real_run_and_train_rl_can_load_it(played,
     assert (copied / "gold.patch").read_bytes() == (task_dir / "calc-mixed" / "gold.patch").read_bytes()
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["counts"] | {"failed_records": None} == {
-        "tasks_in_source": 3, "tasks_seen": 3, "not_evaluated": 0, "kept": 1, "all_solved": 1, "all_failed": 1,
-        "outside_range": 0, "too_few_outcomes": 0, "records": 6, "failed_records": None}
+        "tasks_in_source": 3, "tasks_seen": 3, "not_evaluated": 0, "in_range": 1, "kept": 1, "solved_by_reference": 0,
+        "all_solved": 1, "all_failed": 1, "outside_range": 0, "too_few_outcomes": 0, "records": 6,
+        "failed_records": None}
     assert manifest["counts"]["failed_records"] == {}
     assert manifest["samples_per_task"] == {"2": 3}
     assert manifest["pass_rate_histogram"] == {"0/2": 1, "1/2": 1, "2/2": 1}
@@ -236,3 +237,36 @@ def test_bounds_are_checked_before_any_work(capsys):
 def test_select_raises_for_a_missing_results_file(task_dir, tmp_path):
     with pytest.raises(SelectionError, match="no such file or directory"):
         select(tmp_path / "missing.jsonl", str(task_dir), tmp_path / "edge")
+
+
+def test_unsolved_by_drops_the_tasks_the_same_policys_greedy_run_solves(task_dir, tmp_path, capsys):
+    sampled = write_results(tmp_path / "s.episodes.jsonl",
+                            outcomes({"calc-mixed": "10", "calc-solved": "01", "calc-failed": "00"}), FACTS)
+    greedy_facts = {**FACTS, "sampling": {**FACTS["sampling"], "temperature": 0.0}}
+    greedy = write_results(tmp_path / "g" / "greedy.episodes.jsonl",
+                           [record("calc-mixed", 0, True), record("calc-solved", 0, False),
+                            record("calc-failed", 0, True)], greedy_facts)
+    out = tmp_path / "edge"
+    assert main(["--results", str(sampled), "--tasks", str(task_dir), "--out", str(out),
+                 "--unsolved-by", str(greedy)]) == 0
+    assert "solved by --unsolved-by 1 of 2" in capsys.readouterr().out
+    assert [t.id for t in load_task_set(out)] == ["calc-solved"]  # in range, and greedy failed it
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["counts"]["in_range"] == 2 and manifest["counts"]["kept"] == 1
+    assert manifest["unsolved_by"] == {"path": str(greedy), "solved_in_range": ["calc-mixed"]}
+    assert "never solved by the --unsolved-by results" in manifest["rule"]
+    # refusals: another policy, a task in range it never played, everything in range solved
+    other = write_results(tmp_path / "o.episodes.jsonl", [record("calc-mixed", 0, False, policy="gold"),
+                                                          record("calc-solved", 0, False, policy="gold")])
+    err = refusal(capsys, "--results", sampled, "--tasks", task_dir, "--out", tmp_path / "e1", "--unsolved-by", other)
+    assert "of policy 'gold'" in err and "'coin'" in err
+    partial = write_results(tmp_path / "p.episodes.jsonl", [record("calc-mixed", 0, False)])
+    err = refusal(capsys, "--results", sampled, "--tasks", task_dir, "--out", tmp_path / "e2", "--unsolved-by",
+                  partial)
+    assert "no outcome for 1 of the 2 tasks in range" in err and "'calc-solved'" in err
+    solves_all = write_results(tmp_path / "a.episodes.jsonl", [record("calc-mixed", 0, True),
+                                                               record("calc-solved", 0, True)])
+    err = refusal(capsys, "--results", sampled, "--tasks", task_dir, "--out", tmp_path / "e3", "--unsolved-by",
+                  solves_all)
+    assert "all 2 tasks" in err and "nothing left to select" in err
+    assert not any((tmp_path / name).exists() for name in ("e1", "e2", "e3"))
