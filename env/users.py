@@ -7,14 +7,15 @@
 Each conversation takes a task from a set training never saw (held-out factory splits, the samples) and
 a user with parameters drawn from the recipe. Which tasks (`draw_tasks`): the set, its families interleaved
 (`interleaved_by_family`), cut to the range [offset, offset + task_limit), shuffled by the seed; conversation
-i takes the i-th task of that order (cycling). Runs over non-overlapping ranges never ask for the same task, so fresh traffic for an
-A/B comparison is `--offset` past what training traffic drew from (`--task-limit`). The seed (the recipe's,
-or `--seed`) also draws every user's patience, answers, follow-ups, feedback noise and timing, so the same
-seed, offset and limit replay the same sessions, each sent with a `sample_key` naming its conversation
-(the server derives its sampling seeds from it, so a server with the same `--seed` samples the same tokens). The user sends the task's instruction (POST /sessions with the
-task directory), follows the session's turns (long-poll), answers `ask_user` questions (from the hidden spec
-with probability `answer_helpful_p`, else "just do it"), and gives up on a session slower than its patience
-(feedback `abandoned`). When the session ends the user judges it with information the agent never saw:
+i takes the i-th task of that order (cycling). Runs over non-overlapping ranges never ask for the same task,
+so fresh traffic for an A/B comparison is `--offset` past what training traffic drew from (`--task-limit`).
+The seed (the recipe's, or `--seed`) also draws every user's patience, answers, follow-ups, feedback noise and
+timing, so the same seed, offset and limit replay the same sessions, each sent with a `sample_key` naming its
+conversation (the server derives its sampling seeds from it, so a server with the same `--seed` samples the
+same tokens). The user sends the task's instruction (POST /sessions with the task directory), follows the
+session's turns (long-poll), answers `ask_user` questions (from the hidden spec with probability
+`answer_helpful_p`, else "just do it"), and gives up on a session slower than its patience (feedback
+`abandoned`). When the session ends the user judges it with information the agent never saw:
 the session's diff applied (`patch -p1`) to a fresh copy of the task repo, graded by `env.tasks.grade` with
 the hidden tests. A passing result is applied and kept, a failing one applied and later reverted (each flipped
 with probability `keep_noise_p`); a wrong or slow result brings a dissatisfied follow-up with probability

@@ -56,6 +56,8 @@ from nanocomposer.common import print0
 from nanocomposer.config import ConfigError
 
 PREFIX = "harness_"
+
+
 def spread_over_families(tasks: list[Task], limit: int | None) -> list[Task]:
     """At most `limit` of `tasks`: as many of each family as the others (a family with fewer gives its share to
     the rest), each family's share evenly spaced over it (env.tasks.spread_subset); in the order of `tasks`."""

@@ -22,7 +22,8 @@ class RealtimeArguments(StageArguments):
                 "ab from the rest, so an A/B never measures on a trained task (None: half the set)."})
     gate_tasks: str = field(default="factory:test", metadata={
         "help": "Held-out tasks of the gate (harness-native benchmark); must not overlap traffic_tasks."})
-    gate_task_limit: int | None = field(default=None, metadata={"help": "Gate on N of the gate tasks, spread over their families."})
+    gate_task_limit: int | None = field(default=None, metadata={
+        "help": "Gate on N of the gate tasks, spread over their families."})
     users_recipe: str = field(default="recipes/tiny/users.yaml", metadata={"help": "env/users.py population."})
     sessions_per_cycle: int = field(default=40, metadata={"help": "User conversations per cycle (follow-ups on top)."})
     serve_minutes: float | None = field(default=None, metadata={
