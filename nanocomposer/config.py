@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import logging
 import math
 import sys
 import time
@@ -152,7 +153,28 @@ def recipe_reward_funcs(names: list[str], weights: list[float] | None, *, malfor
     if weights is not None and len(weights) != len(funcs):
         raise ConfigError(f"reward_weights has {len(weights)} values for {len(funcs)} reward_funcs "
                           f"{names}: give one weight per component")
+    if malformed_handling == "drop":
+        quiet_dropped_episode_warning()
     return funcs
+
+
+# TRL's GRPOTrainer warns, with the whole prompt and completion, for every batch holding a row where all reward
+# functions returned None. Under malformed_handling="drop" that row is the hack-1 ablation doing what it is
+# meant to (the episode leaves the loss), so the warning is noise: 84 prompt dumps in a 100-step run. The
+# share of dropped episodes is logged instead (rollout/dropped_rate; the real-time loop counts them).
+TRL_ALL_NONE_WARNING = "All reward functions returned None"
+
+
+class _DroppedEpisodeFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(TRL_ALL_NONE_WARNING)
+
+
+def quiet_dropped_episode_warning(logger_name: str = "trl.trainer.grpo_trainer") -> None:
+    """Silence TRL's all-rewards-None warning on `logger_name` (idempotent); other warnings pass."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _DroppedEpisodeFilter) for f in logger.filters):
+        logger.addFilter(_DroppedEpisodeFilter())
 
 
 def default_run_name() -> str:

@@ -366,3 +366,22 @@ def test_a_killed_rl_run_leaves_nothing_the_next_run_does_not_sweep(micro, tasks
     assert harness_leftovers(tmp) == []
     if cgroups is not None:
         assert not list(cgroups.glob(f"sandbox-{proc.pid}-*")), "the killed run's cgroups were not swept"
+
+
+def test_drop_silences_only_trls_all_rewards_none_warning(caplog):
+    """Under malformed_handling=drop, TRL's per-batch prompt dump for the dropped rows is filtered out; other
+    warnings of the same logger still reach the handlers."""
+    import logging
+
+    from trl.trainer import grpo_trainer
+
+    from nanocomposer.config import TRL_ALL_NONE_WARNING, recipe_reward_funcs
+
+    name = grpo_trainer.logger.logger.name  # TRL's own logger, so a rename in TRL fails here
+    recipe_reward_funcs(["outcome", "malformed"], None, malformed_handling="drop", ask_user_handling="penalize")
+    recipe_reward_funcs(["outcome"], None, malformed_handling="drop", ask_user_handling="penalize")
+    assert len(logging.getLogger(name).filters) == 1
+    with caplog.at_level(logging.WARNING, logger=name):
+        logging.getLogger(name).warning(f"{TRL_ALL_NONE_WARNING} for the following kwargs:\n{{'prompt': 'x'}}")
+        logging.getLogger(name).warning("num_generations does not divide the batch")
+    assert [r.getMessage() for r in caplog.records] == ["num_generations does not divide the batch"]
