@@ -14,7 +14,9 @@ plays the very same tasks), greedy, `--max-turns` x `--max-new-tokens`:
   batched generation on one thread, the prefix cache: a turn prefills only what the episode's previous turn
   did not already hold);
 - `new-noreuse`: the same with the prefix cache off (ModelPolicy's default set to 0 for that process), to
-  attribute the gain.
+  attribute the gain;
+- `new-nostream`: the same with continuous batching off (ModelPolicy.open_stream returns None, so the runner
+  batches each round of waiting turns with act_batch and every turn of a round waits for the longest one).
 
 An arm may be listed several times (`old,new,new,old`): each run is reported, and per arm the median. Reported
 per run: wall seconds of the eval process (model load included), episodes/s, CPU seconds of the process and
@@ -38,10 +40,13 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ARMS = ("old", "new", "new-noreuse")
-# eval.py run with ModelPolicy's prefix cache off (a subprocess: nothing here imports the stage script)
-NO_REUSE = ("import runpy, sys, nanocomposer.policy as p; p.DEFAULT_PREFIX_CACHE_POSITIONS = 0; "
-            "sys.argv = ['eval.py', *sys.argv[1:]]; runpy.run_path('eval.py', run_name='__main__')")
+ARMS = ("old", "new", "new-noreuse", "new-nostream")
+# eval.py with one of ModelPolicy's speed-ups off (a subprocess: nothing here imports the stage script)
+_RUN_EVAL = "sys.argv = ['eval.py', *sys.argv[1:]]; runpy.run_path('eval.py', run_name='__main__')"
+PATCHED = {"new-noreuse": "import runpy, sys, nanocomposer.policy as p; p.DEFAULT_PREFIX_CACHE_POSITIONS = 0; "
+                          + _RUN_EVAL,
+           "new-nostream": "import runpy, sys, nanocomposer.policy as p; "
+                           "p.ModelPolicy.open_stream = lambda self: None; " + _RUN_EVAL}
 
 
 def task_dirs(root: Path) -> list[Path]:
@@ -66,7 +71,7 @@ def arm_command(arm: str, args, tasks: Path, output: Path) -> tuple[list[str], P
     if arm == "old":
         return ([python, "eval.py", "--tasks", str(tasks), "--policy", str(args.policy), "--workers", "2",
                  "--backend", "transformers", "--output", str(output), "--quiet", *budget], Path(args.old))
-    head = [python, "eval.py"] if arm == "new" else [python, "-c", NO_REUSE]
+    head = [python, "eval.py"] if arm == "new" else [python, "-c", PATCHED[arm]]
     return ([*head, "--config", "recipes/tiny/eval.yaml", "--tasks", str(tasks), "--policy", str(args.policy),
              "--workers", str(args.workers), "--backend", "transformers", "--output", str(output), "--quiet",
              *budget], REPO_ROOT)

@@ -9,6 +9,11 @@ subprocesses, so threads overlap them with each other and with generation). Gene
 - a policy with `act_batch(requests) -> list[Generation | BaseException]` (a model) is built once and shared:
   the pending turns of every live episode that waits for one go to a single `act_batch` call on the calling
   thread, so a GPU generates for all of them together;
+- if that policy's `open_stream()` returns a stream (continuous batching: `add(key, request)` returns None or
+  the request's error, `step()` decodes until at least one request finishes and returns `(key, Generation or
+  error)` pairs, `len()` counts the requests it holds), each turn joins the running batch as soon as its
+  episode asks and goes back to its episode as soon as it is finished: no turn waits for the longest one of
+  its batch, and its tools run while the others decode;
 - any other policy (scripted: gold, noop, oracle, replay) keeps per-episode state from `reset(task)`, so each
   live episode gets its own instance from the zero-argument factory (instances are reused after an episode
   ends) and the whole episode runs in its worker thread.
@@ -210,6 +215,9 @@ class Runner:
         self.batch_wait_s = batch_wait_s
         first = make_policy()
         self.shared = first if callable(getattr(first, "act_batch", None)) else None
+        open_stream = getattr(self.shared, "open_stream", None)
+        self.stream = open_stream() if callable(open_stream) else None
+        self.streaming: dict[int, _Slot] = {}  # id(slot) -> slot, for the slots whose request is in the stream
         self.free_policies = [] if self.shared is not None else [first]
         self.cancel = threading.Event()
 
@@ -289,7 +297,10 @@ class Runner:
                     self._collect(live, on_record)  # first: a finished episode's slot is refilled right away
                     while todo and len(live) < self.concurrency:
                         live.append(self._launch(pool, todo.popleft()))
-                    if self.shared is not None and self._generate(pool, live):
+                    if self.stream is not None:
+                        if self._stream_step(pool, live):
+                            continue
+                    elif self.shared is not None and self._generate(pool, live):
                         continue
                     busy = [s.future for s in live if s.future is not None]
                     if busy:
@@ -346,6 +357,24 @@ class Runner:
         except Exception as e:  # noqa: BLE001  (the whole batch failed: each episode ends with the reason)
             generations = [e] * len(requests)
         for slot, generation in zip(waiting, generations):
+            slot.request = None
+            slot.future = pool.submit(self._advance, slot, generation)
+        return True
+
+    def _stream_step(self, pool: ThreadPoolExecutor, live: list[_Slot]) -> bool:
+        """Every newly waiting request into the stream; then, if it holds any, decode until at least one is
+        finished and send each finished turn back to its episode. Returns whether it decoded."""
+        for slot in live:
+            if slot.request is not None and id(slot) not in self.streaming:
+                error = self.stream.add(id(slot), slot.request)
+                if error is None:
+                    self.streaming[id(slot)] = slot
+                else:  # this turn cannot be served: its episode goes on with the error (as with act_batch)
+                    slot.request, slot.future = None, pool.submit(self._advance, slot, error)
+        if not len(self.stream):
+            return False
+        for key, generation in self.stream.step():
+            slot = self.streaming.pop(key)
             slot.request = None
             slot.future = pool.submit(self._advance, slot, generation)
         return True

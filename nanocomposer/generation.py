@@ -48,6 +48,11 @@ Transformers backend, and why it is a hand-written decode loop rather than `mode
   are identical unless two logits are within ~1e-6 of each other. tests/test_batched_generation.py checks
   token identity on prompts of 3 to 1,500 tokens in one batch. Bitwise-equal logits across batch shapes are
   not promised (nor by vLLM).
+- Continuous batching (`stream(sampling)` -> `DecodeStream`): what the runner uses for a model ModelPolicy
+  loads. `generate` decodes a batch until its longest row stops, so every turn of a round waits for the
+  longest one (on the ladder eval, turns of 8 episodes at once need about 2x the decode steps their tokens
+  do). A stream instead admits a sequence between any two decode steps and hands it back the step it stops,
+  with the same per-row prefill, seeds, stop rule and prefix reuse as `generate` (class docstring).
 - A borrowed model (RL's live training model) is used in place: no_grad (not inference_mode, whose tensors
   may not enter autograd later), eval mode for the call and its train/eval mode restored after, and inside
   `torch.random.fork_rng` so the trainer's global RNG stream is untouched.
@@ -378,13 +383,10 @@ class TransformersGenerator:
                         layer.copy_row(source, r)
                     last_logits.append(last_logits[source])
                     continue
-                row_cache = DynamicCache(config=config)
-                reused = self._reuse_prefix(prompt, row_cache)
-                out = self.model(input_ids=torch.tensor([list(prompt[reused:])], dtype=torch.long, device=device),
-                                 cache=row_cache, use_cache=True, logits_to_keep=1)
+                row_cache, logits = self._prefill_one(prompt)
                 for layer, row_layer in zip(cache.layers, row_cache.layers, strict=True):
                     layer.put_row(r, width - len(prompt), row_layer.keys, row_layer.values)
-                last_logits.append(out.logits[0, -1])
+                last_logits.append(logits)
             for layer in cache.layers:
                 layer.set_length(width)
             return cache, torch.stack(last_logits), mask, mask.sum(-1) - 1
@@ -395,6 +397,29 @@ class TransformersGenerator:
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
                          use_cache=True, logits_to_keep=1)
         return cache, out.logits[:, -1], mask, positions[:, -1]
+
+    def _prefill_one(self, prompt: Sequence[int]):
+        """(a DynamicCache holding `prompt`'s KV states, its last token's logits): the prompt alone, unpadded,
+        from its longest cached prefix on."""
+        from transformers import DynamicCache
+
+        row_cache = DynamicCache(config=self.model.config)
+        reused = self._reuse_prefix(prompt, row_cache)
+        out = self.model(input_ids=torch.tensor([list(prompt[reused:])], dtype=torch.long, device=self.device),
+                         cache=row_cache, use_cache=True, logits_to_keep=1)
+        return row_cache, out.logits[0, -1]
+
+    def can_stream(self) -> bool:
+        """Whether `stream()` works with this model: plain full-attention cache layers, row-by-row prefill."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        layers = DynamicCache(config=self.model.config).layers
+        return not self.padded_prefill and bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+    def stream(self, sampling: SamplingConfig) -> DecodeStream:
+        """A continuous batch over this generator's model (`DecodeStream`)."""
+        return DecodeStream(self, sampling)
 
     def _reuse_prefix(self, prompt: Sequence[int], row_cache) -> int:
         """Fill `row_cache` with the cached states of `prompt`'s longest cached prefix (at most all but its last
@@ -468,6 +493,296 @@ class TransformersGenerator:
         if remember:
             keep_states(list(range(len(alive))))
         return [Completion(i, lp) for i, lp in zip(ids, logprobs)]
+
+
+@cache
+def _stream_layer():
+    """DecodeBatchLayer for a continuous batch, built on first use (no transformers import at module load)."""
+
+    class StreamLayer(_decode_batch_layer()):
+        """A DecodeBatchLayer whose rows join and leave between decode steps.
+
+        The buffer holds `rows` row slots and `capacity` columns; the first `live` slots are the live rows and
+        columns [start, length) the part any of them uses, which is all attention sees. A row that leaves is
+        replaced by the last live row (one row copied, not the whole cache); `relayout` moves the used window
+        into new buffers when rows, capacity or room on the left run out.
+        """
+
+        def __init__(self, rows: int, capacity: int):
+            super().__init__(rows, capacity)
+            self.live, self.start = 0, 0
+
+        def _expose(self) -> None:
+            if not self.is_initialized:
+                return
+            self.keys = self.key_buffer[:self.live, :, self.start:self.length]
+            self.values = self.value_buffer[:self.live, :, self.start:self.length]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            end = self.length + key_states.shape[-2]
+            if end > self.capacity:
+                raise RuntimeError(f"decode stream KV cache full ({self.capacity} positions)")
+            self.key_buffer[:self.live, :, self.length:end] = key_states
+            self.value_buffer[:self.live, :, self.length:end] = value_states
+            self.set_length(end)
+            return self.keys, self.values
+
+        def move_row(self, source: int, row: int) -> None:
+            self.key_buffer[row] = self.key_buffer[source]
+            self.value_buffer[row] = self.value_buffer[source]
+
+        def relayout(self, rows: int, capacity: int, shift: int) -> None:
+            """New buffers of `rows` x `capacity`; the live rows' used columns move by `shift`."""
+            start, length = self.start + shift, self.length + shift
+            if start < 0 or length > capacity or rows < self.live:
+                raise ValueError(f"relayout: window [{start}, {length}) of {self.live} rows does not fit "
+                                 f"{rows} x {capacity}")
+            if self.is_initialized:
+                old = self.key_buffer, self.value_buffer
+                shape = (rows, old[0].shape[1], capacity, old[0].shape[-1])
+                self.key_buffer, self.value_buffer = old[0].new_zeros(shape), old[1].new_zeros(shape)
+                self.key_buffer[:self.live, :, start:length] = old[0][:self.live, :, self.start:self.length]
+                self.value_buffer[:self.live, :, start:length] = old[1][:self.live, :, self.start:self.length]
+            self.rows, self.capacity, self.start, self.length = rows, capacity, start, length
+            self._expose()
+
+    return StreamLayer
+
+
+@dataclass
+class _StreamRow:
+    key: object
+    prompt: list[int]
+    generator: torch.Generator
+    begin: int  # buffer column of the prompt's first token
+    ids: list[int]
+    logprobs: list[float]
+
+
+class DecodeStream:
+    """Continuous batching with a TransformersGenerator: sequences join between decode steps and leave as soon as
+    they stop, so a finished turn goes back to its episode (whose tools then run beside the decoding) instead of
+    waiting for the longest row of its batch, and the next turn joins the running batch.
+
+        stream = generator.stream(sampling)
+        stream.add(key, prompt_ids, seed)           # any time
+        for key, result in stream.step(): ...       # Completion or the exception, as sequences finish
+
+    `step()` prefills the sequences added since the last call (each alone, from its longest cached prefix, as
+    `generate` does), then decodes every live row together until at least one finishes. Each row samples
+    from its own seed and sees exactly its own positions, so its tokens are those it gets alone or in a
+    `generate` batch, up to the floating-point differences of other batch shapes (module docstring). A prompt
+    whose prefill fails comes back as its exception; a failing decode step fails the rows it was decoding.
+
+    Layout: every live row's next token goes to the same buffer column `length`; a joining prompt of P tokens
+    takes the P columns before it (left padding, masked). Attention sees only the columns from the earliest
+    live row's prompt on, so a long-running stream does not attend over dead columns; the buffers are
+    rebuilt (the used window copied) only when the column or row room runs out.
+    """
+
+    def __init__(self, generator: TransformersGenerator, sampling: SamplingConfig):
+        if not generator.can_stream():
+            raise ValueError("DecodeStream: the model's cache is not plain full attention (or padded prefill is "
+                             "on); use TransformersGenerator.generate")
+        self.generator, self.sampling = generator, sampling
+        self.queue: list[tuple[object, list[int], int]] = []
+        self.rows: list[_StreamRow] = []  # live rows, in buffer-slot order
+        self.cache = None
+        self.mask: torch.Tensor | None = None  # (row slots, capacity): 1 where a row has a token
+        self.logits: torch.Tensor | None = None  # (live rows, vocab): each row's next-token logits
+        self.positions: torch.Tensor | None = None  # (live rows,): position id of each row's last cached token
+        # columns kept free on the left when the window must move right for a longer prompt, so that the
+        # next turns (longer by their completion and tool results) seldom move it again
+        self.headroom = max(512, 2 * sampling.max_new_tokens)
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.queue)
+
+    def add(self, key, prompt: Sequence[int], seed: int) -> None:
+        if len(prompt) == 0:
+            raise ValueError("DecodeStream.add: an empty prompt (a causal LM needs a token to condition on)")
+        self.queue.append((key, list(prompt), int(seed)))
+
+    def step(self) -> list[tuple[object, Result]]:
+        """Admit the queued sequences, then decode until at least one finishes; the finished ones."""
+        model = self.generator.model
+        was_training = model.training
+        model.eval()
+        grad_off = torch.no_grad() if self.generator.borrowed else torch.inference_mode()
+        devices = [self.generator.device] if self.generator.device.type == "cuda" else []
+        finished: list[tuple[object, Result]] = []
+        try:
+            with grad_off, torch.random.fork_rng(devices=devices):
+                finished += self._admit()
+                while self.rows and not finished:
+                    try:
+                        finished += self._decode_step()
+                    except Exception as e:  # noqa: BLE001  (returned to the rows it was decoding)
+                        finished += [(row.key, e) for row in self.rows]
+                        self._reset()
+        finally:
+            model.train(was_training)
+        return finished
+
+    # -- layout
+    def _reset(self) -> None:
+        self.rows, self.cache, self.mask, self.logits, self.positions = [], None, None, None, None
+
+    def _new_cache(self, rows: int, capacity: int) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.generator.model.config)
+        self.cache.layers = [_stream_layer()(rows, capacity) for _ in self.cache.layers]
+        self.mask = torch.zeros((rows, capacity), dtype=torch.long, device=self.generator.device)
+
+    @property
+    def _layout(self) -> tuple[int, int, int]:
+        layer = self.cache.layers[0]
+        return layer.rows, layer.capacity, layer.length
+
+    def _relayout(self, rows: int, capacity: int, shift: int) -> None:
+        for layer in self.cache.layers:
+            layer.relayout(rows, capacity, shift)
+        mask = self.mask.new_zeros((rows, capacity))
+        live, start, length = len(self.rows), self.cache.layers[0].start, self.cache.layers[0].length
+        mask[:live, start:length] = self.mask[:live, start - shift:length - shift]
+        self.mask = mask
+        for row in self.rows:
+            row.begin += shift
+
+    def _set_start(self) -> None:
+        start = min((row.begin for row in self.rows), default=self.cache.layers[0].length)
+        for layer in self.cache.layers:
+            layer.live, layer.start = len(self.rows), start
+            layer._expose()
+
+    def _make_room(self, joining: int, longest: int) -> None:
+        """Room for `joining` more rows whose prompts (at most `longest` tokens) end at column `length`, and
+        for the next decode column."""
+        if self.cache is None:
+            self._new_cache(max(joining, 1), longest + 1 + self.headroom)
+        rows, capacity, length = self._layout
+        live = len(self.rows)
+        if live == 0:  # nothing to keep: the window starts afresh, the prompts ending at column `longest`
+            shift = longest - length
+        elif length < longest:  # a prompt longer than the columns on the left: move the window right
+            shift = longest - length + self.headroom
+        elif length + 1 > capacity:  # out of columns on the right: drop the unused ones on the left
+            shift = -min(row.begin for row in self.rows)
+        else:
+            shift = 0
+        need_rows, need_capacity = live + joining, length + shift + 1
+        if shift or need_rows > rows or need_capacity > capacity:
+            self._relayout(rows if need_rows <= rows else max(need_rows, 2 * rows),
+                           capacity if need_capacity <= capacity
+                           else need_capacity + self.headroom + self.sampling.max_new_tokens, shift)
+
+    # -- admission
+    def _admit(self) -> list[tuple[object, Result]]:
+        queue, self.queue = self.queue, []
+        failed: list[tuple[object, Result]] = []
+        prefilled: list[tuple[object, list[int], int, object, torch.Tensor]] = []
+        states: dict[tuple, tuple] = {}  # a prompt queued several times (G samples) is prefilled once
+        for key, prompt, seed in queue:
+            try:
+                found = states.get(tuple(prompt))
+                if found is None:
+                    found = states[tuple(prompt)] = self.generator._prefill_one(prompt)
+            except Exception as e:  # noqa: BLE001  (this prompt's failure)
+                failed.append((key, e))
+                continue
+            prefilled.append((key, prompt, seed, *found))
+        if not prefilled:
+            return failed
+        try:
+            self._place(prefilled)
+        except Exception as e:  # noqa: BLE001  (a layout failure: the batch is in no known state)
+            failed += [(key, e) for key, *_ in prefilled if key not in {row.key for row in self.rows}]
+            failed += [(row.key, e) for row in self.rows]
+            self._reset()
+        return failed
+
+    def _place(self, prefilled: list[tuple]) -> None:
+        """The prefilled sequences into the batch: their states right-aligned at column `length`."""
+        self._make_room(len(prefilled), max(len(p) for _, p, *_ in prefilled))
+        _, _, length = self._layout
+        device = self.generator.device
+        new_logits, new_positions = [], []
+        for key, prompt, seed, row_cache, logits in prefilled:
+            slot, begin = len(self.rows), length - len(prompt)
+            for layer, row_layer in zip(self.cache.layers, row_cache.layers, strict=True):
+                layer.put_row(slot, begin, row_layer.keys, row_layer.values)
+            self.mask[slot] = 0
+            self.mask[slot, begin:length] = 1
+            self.rows.append(_StreamRow(key, prompt, torch.Generator(device=device).manual_seed(seed), begin,
+                                        [], []))
+            new_logits.append(logits)
+            new_positions.append(len(prompt) - 1)
+        new_logits = torch.stack(new_logits)
+        new_positions = torch.tensor(new_positions, dtype=torch.long, device=device)
+        self.logits = new_logits if self.logits is None else torch.cat([self.logits, new_logits])
+        self.positions = new_positions if self.positions is None else torch.cat([self.positions, new_positions])
+        self._set_start()
+
+    # -- decoding
+    def _decode_step(self) -> list[tuple[object, Result]]:
+        """Sample one token for every live row; finished rows leave; the others are fed their token."""
+        sampling = self.sampling
+        scores = processed_scores(self.logits.float(), sampling)
+        if sampling.temperature == 0:
+            tokens = scores.argmax(dim=-1)
+        else:
+            probs = scores.softmax(dim=-1)
+            tokens = torch.cat([torch.multinomial(probs[b], 1, generator=row.generator)
+                                for b, row in enumerate(self.rows)])
+        token_logprobs = torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        stop = set(self.generator.stop_ids)
+        done = []
+        for b, (row, token, logprob) in enumerate(zip(self.rows, tokens.tolist(), token_logprobs.tolist())):
+            row.ids.append(token)
+            row.logprobs.append(logprob)
+            if token in stop or len(row.ids) >= sampling.max_new_tokens:
+                done.append(b)
+        finished = [(self.rows[b].key, Completion(self.rows[b].ids, self.rows[b].logprobs)) for b in done]
+        if done:
+            tokens = self._leave(done, tokens)
+        if not self.rows:
+            self._reset()
+            return finished
+        self._make_room(0, 0)
+        _, _, length = self._layout
+        live, start = len(self.rows), self.cache.layers[0].start
+        self.mask[:live, length] = 1
+        self.positions = self.positions + 1
+        out = self.generator.model(input_ids=tokens[:, None], attention_mask=self.mask[:live, start:length + 1],
+                                   position_ids=self.positions[:, None], cache=self.cache, use_cache=True)
+        self.logits = out.logits[:, -1]
+        return finished
+
+    def _leave(self, done: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """Remove the rows at `done` (remembering their states for prefix reuse); the live rows' tokens."""
+        remember = bool(self.generator.prefix_cache.max_positions)
+        for b in done:
+            row = self.rows[b]
+            if remember:
+                tokens_cached = row.prompt + row.ids[:-1]
+                states = [layer.get_row(b, row.begin) for layer in self.cache.layers]
+                if states[0][0].shape[-2] == len(tokens_cached):
+                    self.generator.prefix_cache.store(tokens_cached, states)
+        order = list(range(len(self.rows)))
+        for b in sorted(done, reverse=True):  # the last live row takes the leaving row's slot
+            last = len(order) - 1
+            if b != last:
+                for layer in self.cache.layers:
+                    layer.move_row(last, b)
+                self.mask[b] = self.mask[last]
+                order[b] = order[last]
+            order.pop()
+        index = torch.tensor(order, dtype=torch.long, device=tokens.device)
+        self.rows = [self.rows[i] for i in order]
+        self.logits, self.positions = self.logits[index], self.positions[index]
+        self._set_start()
+        return tokens[index]
 
 
 class VLLMGenerator:

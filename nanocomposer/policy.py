@@ -16,7 +16,9 @@ one `TurnRequest` per episode in, one `Generation` (or the exception that reques
 `ContextOverflow`) per request out, in order, generated together by one batched backend call
 (nanocomposer/generation.py). It keeps no per-episode state: a request's seed comes from its
 `episode_key` and `turn`. `act` is `act_batch` of one request built from `reset`'s state, so both paths
-share one implementation and the same seeds.
+share one implementation and the same seeds. `open_stream()` (transformers backend) gives the runner the same
+turns by continuous batching (`PolicyStream`): each request joins the running batch when its episode asks
+and its Generation returns the step its sequence stops, rendered, seeded and built as `act_batch` does.
 
 Choices, and why:
 - Text is decoded from the completion ids minus the final stop token, with special tokens KEPT.
@@ -50,6 +52,7 @@ Choices, and why:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import json
@@ -527,6 +530,16 @@ class ModelPolicy:
             raise result
         return result
 
+    def prompt_ids(self, request: TurnRequest) -> list[int]:
+        """`request` rendered, checked to leave room for max_new_tokens in the context (ContextOverflow)."""
+        prompt_ids = self.render(request.messages, request.tools)
+        if len(prompt_ids) + self.sampling.max_new_tokens > self.max_context:
+            raise ContextOverflow(len(prompt_ids), self.sampling.max_new_tokens, self.max_context)
+        return prompt_ids
+
+    def seed_of(self, request: TurnRequest) -> int:
+        return _stable_seed(self.sampling.seed, request.episode_key, request.turn)
+
     def act_batch(self, requests: list[TurnRequest]) -> list[Generation | BaseException]:
         """One Generation per request, in order, generated together; a request that cannot be served (its
         prompt overflows the context, its conversation does not render, its generation failed) gets the
@@ -535,27 +548,40 @@ class ModelPolicy:
         prompts: dict[int, list[int]] = {}
         for i, request in enumerate(requests):
             try:
-                prompt_ids = self.render(request.messages, request.tools)
-                if len(prompt_ids) + self.sampling.max_new_tokens > self.max_context:
-                    raise ContextOverflow(len(prompt_ids), self.sampling.max_new_tokens, self.max_context)
+                prompts[i] = self.prompt_ids(request)
             except Exception as e:  # noqa: BLE001  (this request's failure, not the batch's)
                 results[i] = e
-            else:
-                prompts[i] = prompt_ids
         order = list(prompts)
-        seeds = [_stable_seed(self.sampling.seed, requests[i].episode_key, requests[i].turn) for i in order]
+        seeds = [self.seed_of(requests[i]) for i in order]
+        with self._generating():
+            outputs = self._generate_batch([prompts[i] for i in order], seeds) if order else []
+        for i, output in zip(order, outputs, strict=True):
+            results[i] = output if isinstance(output, BaseException) else self._generation(prompts[i], *output)
+        return results
+
+    @contextlib.contextmanager
+    def _generating(self):
+        """Generation time into stats, with torch's CPU threads set to `cpu_threads` meanwhile."""
         t0 = time.perf_counter()
         threads = torch.get_num_threads()
         if self.cpu_threads and self.device is not None and self.device.type == "cpu":
             torch.set_num_threads(self.cpu_threads)
         try:
-            outputs = self._generate_batch([prompts[i] for i in order], seeds) if order else []
+            yield
         finally:
             torch.set_num_threads(threads)
-        self.stats["gen_s"] += time.perf_counter() - t0
-        for i, output in zip(order, outputs, strict=True):
-            results[i] = output if isinstance(output, BaseException) else self._generation(prompts[i], *output)
-        return results
+            self.stats["gen_s"] += time.perf_counter() - t0
+
+    def open_stream(self) -> PolicyStream | None:
+        """Continuous batching for env.runner (`PolicyStream`), or None where this policy cannot stream: vLLM
+        (its engine batches one call's requests), a subclass that renders, batches or generates its own way
+        (RL's RolloutPolicy), a model whose cache is not plain full attention."""
+        if (self.backend != "transformers" or type(self).render is not ModelPolicy.render
+                or type(self).act_batch is not ModelPolicy.act_batch
+                or type(self)._generate_batch is not ModelPolicy._generate_batch
+                or type(self)._generate is not ModelPolicy._generate or not self.generator.can_stream()):
+            return None
+        return PolicyStream(self)
 
     def _generation(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float]) -> Generation:
         self.stats["turns"] += 1
@@ -586,3 +612,42 @@ class ModelPolicy:
         if isinstance(result, BaseException):
             raise result
         return result
+
+
+class PolicyStream:
+    """A ModelPolicy's turns through a `DecodeStream` (continuous batching), for env.runner: a request joins the
+    running batch when its episode asks, and its Generation comes back as soon as its sequence stops, while
+    the other sequences decode on. Each turn is rendered, seeded and turned into a Generation exactly as
+    `act_batch` does, so a request gets what `act_batch` would give it (up to the floating-point differences
+    of other batch shapes)."""
+
+    def __init__(self, policy: ModelPolicy):
+        self.policy = policy
+        self.stream = policy.generator.stream(policy.sampling)
+        self.prompts: dict[object, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def add(self, key, request: TurnRequest) -> BaseException | None:
+        """Queue `request` under `key`; the exception instead when it cannot be served (it does not render, or
+        overflows the context)."""
+        try:
+            prompt_ids = self.policy.prompt_ids(request)
+        except Exception as e:  # noqa: BLE001  (this request's failure)
+            return e
+        self.prompts[key] = prompt_ids
+        self.stream.add(key, prompt_ids, self.policy.seed_of(request))
+        return None
+
+    def step(self) -> list[tuple[object, Generation | BaseException]]:
+        """Decode until at least one queued or running request finishes; (key, Generation or error) of each."""
+        with self.policy._generating():
+            finished = self.stream.step()
+        out = []
+        for key, result in finished:
+            prompt_ids = self.prompts.pop(key)
+            out.append((key, result if isinstance(result, BaseException)
+                        else self.policy._generation(prompt_ids, *result)))
+        return out
+
