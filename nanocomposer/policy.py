@@ -532,10 +532,16 @@ class ModelPolicy:
 
     def prompt_ids(self, request: TurnRequest) -> list[int]:
         """`request` rendered, checked to leave room for max_new_tokens in the context (ContextOverflow)."""
-        prompt_ids = self.render(request.messages, request.tools)
+        return self.fits_context(self.render(request.messages, request.tools))
+
+    def fits_context(self, prompt_ids: list[int]) -> list[int]:
         if len(prompt_ids) + self.sampling.max_new_tokens > self.max_context:
             raise ContextOverflow(len(prompt_ids), self.sampling.max_new_tokens, self.max_context)
         return prompt_ids
+
+    def turn_done(self, request: TurnRequest, result: Generation | BaseException) -> None:
+        """Called once per request with what it got, by `act_batch` and by the stream (a subclass that keeps
+        per-episode state, RL's RolloutPolicy, updates it here)."""
 
     def seed_of(self, request: TurnRequest) -> int:
         return _stable_seed(self.sampling.seed, request.episode_key, request.turn)
@@ -557,6 +563,8 @@ class ModelPolicy:
             outputs = self._generate_batch([prompts[i] for i in order], seeds) if order else []
         for i, output in zip(order, outputs, strict=True):
             results[i] = output if isinstance(output, BaseException) else self._generation(prompts[i], *output)
+        for request, result in zip(requests, results, strict=True):
+            self.turn_done(request, result)
         return results
 
     @contextlib.contextmanager
@@ -574,10 +582,9 @@ class ModelPolicy:
 
     def open_stream(self) -> PolicyStream | None:
         """Continuous batching for env.runner (`PolicyStream`), or None where this policy cannot stream: vLLM
-        (its engine batches one call's requests), a subclass that renders, batches or generates its own way
-        (RL's RolloutPolicy), a model whose cache is not plain full attention."""
-        if (self.backend != "transformers" or type(self).render is not ModelPolicy.render
-                or type(self).act_batch is not ModelPolicy.act_batch
+        (its engine batches one call's requests), a subclass that batches or generates its own way (RL's
+        VLLMRolloutPolicy), a model whose cache is not plain full attention."""
+        if (self.backend != "transformers" or type(self).act_batch is not ModelPolicy.act_batch
                 or type(self)._generate_batch is not ModelPolicy._generate_batch
                 or type(self)._generate is not ModelPolicy._generate or not self.generator.can_stream()):
             return None
@@ -624,7 +631,7 @@ class PolicyStream:
     def __init__(self, policy: ModelPolicy):
         self.policy = policy
         self.stream = policy.generator.stream(policy.sampling)
-        self.prompts: dict[object, list[int]] = {}
+        self.pending: dict[object, tuple[TurnRequest, list[int]]] = {}
 
     def __len__(self) -> int:
         return len(self.stream)
@@ -635,8 +642,9 @@ class PolicyStream:
         try:
             prompt_ids = self.policy.prompt_ids(request)
         except Exception as e:  # noqa: BLE001  (this request's failure)
+            self.policy.turn_done(request, e)
             return e
-        self.prompts[key] = prompt_ids
+        self.pending[key] = request, prompt_ids
         self.stream.add(key, prompt_ids, self.policy.seed_of(request))
         return None
 
@@ -646,8 +654,10 @@ class PolicyStream:
             finished = self.stream.step()
         out = []
         for key, result in finished:
-            prompt_ids = self.prompts.pop(key)
-            out.append((key, result if isinstance(result, BaseException)
-                        else self.policy._generation(prompt_ids, *result)))
+            request, prompt_ids = self.pending.pop(key)
+            if not isinstance(result, BaseException):
+                result = self.policy._generation(prompt_ids, *result)
+            self.policy.turn_done(request, result)
+            out.append((key, result))
         return out
 

@@ -13,10 +13,11 @@ output truncation and budgets are eval.py's, because they are the episode loop's
 is plain text there), so there would be two loops.
 
 In-process and batched: the episodes' tools and grading run in the runner's threads (sandboxed commands are
-subprocesses), and every turn that waits for the model goes, with all the others waiting then, to one
-`RolloutPolicy.act_batch` call on the trainer's thread: batched generation with the trainer's live model
-(transformers), or one call of TRL's vLLM engine (`backend = "vllm"`, weights synced by TRL before the
-rollout). There are no worker processes and no weight copies: rollouts use the weights being trained
+subprocesses), and every turn that waits for the model is generated on the trainer's thread with the
+trainer's live model: with transformers, it joins the running batch of the policy's stream (continuous
+batching: it returns to its episode the step it stops, while the others decode on); with vLLM
+(`backend = "vllm"`, weights synced by TRL before the rollout), it goes with all the others waiting then to
+one `act_batch` call of TRL's engine. There are no worker processes and no weight copies: rollouts use the weights being trained
 (policy lag 0), and a killed trainer leaves no workers behind (its sandboxes are swept by the next run).
 
 One sequence per episode. The sample TRL trains on is `prompt_ids` = the rendered first prompt (system +
@@ -40,8 +41,8 @@ max_tokens / max_context exits) is marked `truncated` and, by config, masked fro
 (`truncated_episodes: mask`, what TRL's mask_truncated_completions does for single turns; TRL's own flag
 only sees whether the last token is EOS) or kept with the `truncated` reward as a penalty.
 
-Timing (logged every step): `timing/generation_s` is the time spent in `act_batch` (on the trainer's
-thread, so wall time), `timing/env_s` the rest of the rollout (tools, grading, sandboxes, lint), and
+Timing (logged every step): `timing/generation_s` is the time spent generating (the stream's steps or
+`act_batch`, on the trainer's thread, so wall time), `timing/env_s` the rest of the rollout (tools, grading, sandboxes, lint), and
 `timing/env_share` the env's share of a whole cycle (rollout + training).
 """
 
@@ -53,7 +54,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -159,7 +159,8 @@ class _Sequence:
 
 class RolloutPolicy(ModelPolicy):
     """ModelPolicy that extends each episode's token sequence turn by turn instead of re-tokenizing (module
-    docstring), for every live episode of a runner at once (`act_batch`).
+    docstring), for every live episode of a runner at once (its stream, or `act_batch`): `prompt_ids` builds a
+    turn's prompt from the episode's state, `turn_done` records what the turn sampled.
 
     Each prompt after an episode's first is: its previous prompt ids + the ids sampled for its previous turn +
     the tokens of the text the chat template adds after it (end of turn, tool responses, next assistant
@@ -179,7 +180,6 @@ class RolloutPolicy(ModelPolicy):
         super().__init__(*args, **kwargs)
         self._sequences: dict[str, _Sequence] = {}
         self._rendered: dict[str, str] = {}  # episode key -> the rendering behind the prompt being generated
-        self._requests: Iterator[TurnRequest] | None = None
 
     def forget(self) -> None:
         self._sequences.clear()
@@ -194,29 +194,19 @@ class RolloutPolicy(ModelPolicy):
         return self.tokenizer.apply_chat_template(clean, tools=tools or None, add_generation_prompt=True,
                                                   tokenize=False)
 
-    def act_batch(self, requests: list[TurnRequest]) -> list[Generation | BaseException]:
-        # ModelPolicy.act_batch renders every request exactly once, in order, before generating: `render` takes
-        # the request it is rendering from this iterator, to know whose token sequence to extend.
-        self._requests = iter(requests)
-        try:
-            results = super().act_batch(requests)
-        finally:
-            self._requests = None
-        for request, result in zip(requests, results, strict=True):
-            key = request.episode_key
-            text = self._rendered.pop(key, None)
-            if isinstance(result, Generation) and text is not None:
-                self._sequences[key] = _Sequence(text, result.prompt_ids, result.completion_ids, result.text)
-            else:  # the episode ends with this error: its sequence is finished
-                self._sequences.pop(key, None)
-        return results
-
-    def render(self, messages: list[dict], tools: list[dict]) -> list[int]:
-        request = next(self._requests, None) if self._requests is not None else None
-        if request is None or request.messages is not messages:
-            raise RuntimeError("RolloutPolicy.render is called by act_batch, once per request and in order")
+    def turn_done(self, request: TurnRequest, result: Generation | BaseException) -> None:
         key = request.episode_key
-        text = self.render_text(messages, tools)
+        text = self._rendered.pop(key, None)
+        if isinstance(result, Generation) and text is not None:
+            self._sequences[key] = _Sequence(text, result.prompt_ids, result.completion_ids, result.text)
+        else:  # the episode ends with this error: its sequence is finished
+            self._sequences.pop(key, None)
+
+    def prompt_ids(self, request: TurnRequest) -> list[int]:
+        """The episode's previous prompt and sampled ids, extended by the tokens of what the environment added
+        (class docstring); the first turn is tokenized whole."""
+        key = request.episode_key
+        text = self.render_text(request.messages, request.tools)
         last = self._sequences.pop(key, None) if request.turn > 0 else None
         if request.turn == 0:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -232,7 +222,7 @@ class RolloutPolicy(ModelPolicy):
                 env_text = env_text[len(stop_text):]  # the model wrote the end-of-turn token itself
             ids = last.prompt_ids + last.completion_ids + self.tokenizer.encode(env_text, add_special_tokens=False)
         self._rendered[key] = text
-        return ids
+        return self.fits_context(ids)
 
 
 class VLLMRolloutPolicy(RolloutPolicy):

@@ -260,13 +260,20 @@ def test_batched_rollout_equals_one_episode_at_a_time_and_uses_the_live_weights(
                                                                                        temperature=1.0))
     live = {k: v.clone() for k, v in model.state_dict().items()}
     policy = make_rollout_policy(model, tokenizer, config)
+    assert policy.open_stream() is not None  # the transformers backend streams rollouts
     try:
         rounds = []
         for _ in range(2):  # the second round runs after the weights changed
-            batched = play_episodes(policy, task_dirs, config, seed=5)  # all four episodes at once
+            batched = play_episodes(policy, task_dirs, config, seed=5)  # all four episodes at once, streamed
             alone = play_episodes(policy, task_dirs, replace(config, workers=1), seed=5)
+            policy.open_stream = lambda: None  # the same episodes through act_batch rounds
+            try:
+                rounds_of_act_batch = play_episodes(policy, task_dirs, config, seed=5)
+            finally:
+                del policy.open_stream
             ids = [[t["completion_ids"] for t in r.trajectory.turns] for r in batched]
             assert ids == [[t["completion_ids"] for t in r.trajectory.turns] for r in alone]
+            assert ids == [[t["completion_ids"] for t in r.trajectory.turns] for r in rounds_of_act_batch]
             assert [r.trajectory.task_id for r in batched] == ["calc-add", "calc-add", "calc-add-2", "calc-add-2"]
             assert ids[0] != ids[1]  # the group's episodes differ
             for r in batched:  # each episode is one token sequence (the turns extend each other)
