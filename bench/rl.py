@@ -4,10 +4,11 @@
     python -m bench.rl --steps 8 --model runs/demo/sft
     python -m bench.rl --config recipes/tiny/rl.yaml -- --rollout_workers 1    # extra train_rl.py flags after --
     python -m bench.rl --prefix-cache on off     # the same run with and without per-episode KV prefix reuse
+    python -m bench.rl --stream on off           # ... with and without continuous batching (act_batch rounds)
 
 Runs the RL stage (`train_rl.py`, as its own process: a stage is a program, not a library) on the recipe
 with W&B off, no checkpoints and outputs in a temp dir, and reads the means of the last (up to) 5 logged steps
-from the model card it writes: rollout = generation (time inside the policy's `act_batch` calls) + env
+from the model card it writes: rollout = generation (time inside the policy's stream or `act_batch` calls) + env
 (the rest of the rollout: tools, sandboxes, grading, lint); training = TRL's step time minus the rollout
 (old/ref log-probs, loss, backward, optimizer). Target on the tiny recipe: env < 10% of the step.
 
@@ -40,9 +41,10 @@ import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# train_rl.py run with the rollout policy's prefix cache off (a subprocess: nothing here imports the stage script)
-NO_PREFIX_CACHE = ("import runpy, sys, nanocomposer.rollout as r; r.DEFAULT_PREFIX_CACHE_POSITIONS = 0; "
-                   "sys.argv = ['train_rl.py', *sys.argv[1:]]; runpy.run_path('train_rl.py', run_name='__main__')")
+# train_rl.py run with a speed-up of the rollout policy off (a subprocess: nothing here imports the stage script)
+NO_PREFIX_CACHE = "import nanocomposer.rollout as r; r.DEFAULT_PREFIX_CACHE_POSITIONS = 0; "
+NO_STREAM = "import nanocomposer.policy as p; p.ModelPolicy.open_stream = lambda self: None; "
+RUN_STAGE = "import runpy, sys; sys.argv = ['train_rl.py', *sys.argv[1:]]; runpy.run_path('train_rl.py', run_name='__main__')"
 LAST_STEPS = "## Last steps"  # the model card section train_rl.py writes: means of the last 5 logged steps
 
 
@@ -63,12 +65,14 @@ def card_metrics(readme: Path) -> dict[str, float]:
     return metrics
 
 
-def run(config: str, steps: int, model: str | None, extra: list[str], prefix_cache: bool = True) -> dict:
+def run(config: str, steps: int, model: str | None, extra: list[str], prefix_cache: bool = True,
+        stream: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-rl-") as tmp:
         args = ["--config", config, "--run", "bench", "--runs_dir", tmp, "--max_steps", str(steps),
                 "--report_to", "none", "--save_strategy", "no", "--log_trajectories_steps", "0", "--logging_steps", "1"]
         args += ["--model_name_or_path", model] if model else []
-        stage = [str(REPO_ROOT / "train_rl.py")] if prefix_cache else ["-c", NO_PREFIX_CACHE]
+        patches = ("" if prefix_cache else NO_PREFIX_CACHE) + ("" if stream else NO_STREAM)
+        stage = ["-c", patches + RUN_STAGE] if patches else [str(REPO_ROOT / "train_rl.py")]
         proc = subprocess.run([sys.executable, *stage, *args, *extra], cwd=REPO_ROOT,
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -100,16 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="override the recipe's model_name_or_path")
     parser.add_argument("--prefix-cache", nargs="+", choices=("on", "off"), default=["on"],
                         help="one run per value, side by side: the rollout's KV prefix reuse on or off")
+    parser.add_argument("--stream", nargs="+", choices=("on", "off"), default=["on"],
+                        help="one run per value (for each --prefix-cache value), side by side: continuous batching "
+                             "of the rollout's turns, or rounds of act_batch")
     parser.add_argument("extra", nargs="*", help="train_rl.py flags (after --)")
     args = parser.parse_args(argv)
-    for mode in args.prefix_cache:
+    for mode, stream in [(m, s) for m in args.prefix_cache for s in args.stream]:
         try:
-            result = run(args.config, args.steps, args.model, args.extra, prefix_cache=mode == "on")
+            result = run(args.config, args.steps, args.model, args.extra, prefix_cache=mode == "on",
+                         stream=stream == "on")
         except RuntimeError as e:
             print(f"bench.rl: error: {e}", file=sys.stderr)
             return 1
-        print(json.dumps({"prefix_cache": mode, **result}, indent=1))
-        print(f"prefix cache {mode}: step {result['step_s']:.1f} s = generation {result['generation_s']:.1f} s "
+        print(json.dumps({"prefix_cache": mode, "stream": stream, **result}, indent=1))
+        print(f"prefix cache {mode}, stream {stream}: step {result['step_s']:.1f} s = generation {result['generation_s']:.1f} s "
               f"({result['generation_share']:.0%}) + env {result['env_s']:.2f} s ({result['env_share']:.1%}) "
               f"+ training {result['train_s']:.1f} s ({result['train_share']:.0%}); {result['mean_turns']:.1f} "
               f"turns, {result['mean_completion_tokens']:.0f} completion tokens per episode")
