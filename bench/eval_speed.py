@@ -16,7 +16,8 @@ plays the very same tasks), greedy, `--max-turns` x `--max-new-tokens`:
 - `new-noreuse`: the same with the prefix cache off (ModelPolicy's default set to 0 for that process), to
   attribute the gain;
 - `new-nostream`: the same with continuous batching off (ModelPolicy.open_stream returns None, so the runner
-  batches each round of waiting turns with act_batch and every turn of a round waits for the longest one).
+  batches each round of waiting turns with act_batch and every turn of a round waits for the longest one);
+- `new-threads2`: the same generating on 2 torch threads instead of 1.
 
 An arm may be listed several times (`old,new,new,old`): each run is reported, and per arm the median. Reported
 per run: wall seconds of the eval process (model load included), episodes/s, CPU seconds of the process and
@@ -40,13 +41,15 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ARMS = ("old", "new", "new-noreuse", "new-nostream")
+ARMS = ("old", "new", "new-noreuse", "new-nostream", "new-threads2")
 # eval.py with one of ModelPolicy's speed-ups off (a subprocess: nothing here imports the stage script)
 _RUN_EVAL = "sys.argv = ['eval.py', *sys.argv[1:]]; runpy.run_path('eval.py', run_name='__main__')"
 PATCHED = {"new-noreuse": "import runpy, sys, nanocomposer.policy as p; p.DEFAULT_PREFIX_CACHE_POSITIONS = 0; "
                           + _RUN_EVAL,
            "new-nostream": "import runpy, sys, nanocomposer.policy as p; "
-                           "p.ModelPolicy.open_stream = lambda self: None; " + _RUN_EVAL}
+                           "p.ModelPolicy.open_stream = lambda self: None; " + _RUN_EVAL,
+           "new-threads2": "import runpy, sys, nanocomposer.policies as p; p.GENERATION_CPU_THREADS = 2; "
+                           + _RUN_EVAL}
 
 
 def task_dirs(root: Path) -> list[Path]:

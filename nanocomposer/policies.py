@@ -50,6 +50,11 @@ def resolve_backend(backend: str) -> str:
     return "vllm"
 
 
+# One torch thread for CPU generation: the episodes' sandboxed tools need the other core (measured on 2
+# cores: batched eval ~6x slower with torch's default 2 threads); ignored on a GPU.
+GENERATION_CPU_THREADS = 1
+
+
 def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto", start_engine: bool = True):
     """A policy from its spec; a checkpoint path that is missing or broken fails naming the path.
 
@@ -63,11 +68,10 @@ def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto",
                          f"a checkpoint directory or a hub id")
     from nanocomposer.policy import ModelPolicy, SamplingConfig  # lazy: scripted evals need no torch
 
-    # One torch thread for CPU generation: the episodes' sandboxed tools need the other core (measured on 2
-    # cores: batched eval ~6x slower with torch's default 2 threads); ignored on a GPU.
     return ModelPolicy(spec, sampling=SamplingConfig(**{k: v for k, v in (sampling or {}).items()
                                                          if k in SAMPLING_KEYS and v is not None}),
-                       backend=resolve_backend(backend), start_engine=start_engine, cpu_threads=1)
+                       backend=resolve_backend(backend), start_engine=start_engine,
+                       cpu_threads=GENERATION_CPU_THREADS)
 
 
 def episode_concurrency(workers: int, policy, spec: str) -> int:
