@@ -549,6 +549,31 @@ def _stream_layer():
     return StreamLayer
 
 
+def plan_layout(begins: Sequence[int], length: int, rows: int, capacity: int, joining: int, longest: int,
+                headroom: int, max_new_tokens: int) -> tuple[int, int, int]:
+    """(row slots, columns, shift of the used window) for a decode stream whose live rows begin at columns
+    `begins` and write their next token at column `length`, before `joining` rows whose prompts (at most
+    `longest` tokens) end at `length` join: afterwards every prompt fits left of `length + shift`, every
+    live row's first column stays >= 0, and column `length + shift` exists for the next decode step.
+
+    The window moves right (with `headroom` spare columns, so the next, longer turns seldom move it again)
+    only for a prompt longer than the columns before `length`; it moves left, dropping the columns no live
+    row uses, only when the right edge is reached, and never so far that a joining prompt stops fitting.
+    Buffers grow (rows doubling; columns with `headroom + max_new_tokens` to spare) only when they must.
+    """
+    if not begins:  # nothing to keep: the window starts afresh, the prompts ending at column `longest`
+        shift = longest - length
+    elif length < longest:  # a prompt longer than the columns on the left: move the window right
+        shift = longest - length + headroom
+    elif length + 1 > capacity:  # out of columns on the right: drop the unused ones on the left
+        shift = max(-min(begins), longest - length)
+    else:
+        shift = 0
+    need_rows, need_capacity = len(begins) + joining, length + shift + 1
+    return (rows if need_rows <= rows else max(need_rows, 2 * rows),
+            capacity if need_capacity <= capacity else need_capacity + headroom + max_new_tokens, shift)
+
+
 @dataclass
 class _StreamRow:
     key: object
@@ -658,24 +683,14 @@ class DecodeStream:
 
     def _make_room(self, joining: int, longest: int) -> None:
         """Room for `joining` more rows whose prompts (at most `longest` tokens) end at column `length`, and
-        for the next decode column."""
+        for the next decode column (`plan_layout`)."""
         if self.cache is None:
             self._new_cache(max(joining, 1), longest + 1 + self.headroom)
         rows, capacity, length = self._layout
-        live = len(self.rows)
-        if live == 0:  # nothing to keep: the window starts afresh, the prompts ending at column `longest`
-            shift = longest - length
-        elif length < longest:  # a prompt longer than the columns on the left: move the window right
-            shift = longest - length + self.headroom
-        elif length + 1 > capacity:  # out of columns on the right: drop the unused ones on the left
-            shift = -min(row.begin for row in self.rows)
-        else:
-            shift = 0
-        need_rows, need_capacity = live + joining, length + shift + 1
-        if shift or need_rows > rows or need_capacity > capacity:
-            self._relayout(rows if need_rows <= rows else max(need_rows, 2 * rows),
-                           capacity if need_capacity <= capacity
-                           else need_capacity + self.headroom + self.sampling.max_new_tokens, shift)
+        plan = plan_layout([row.begin for row in self.rows], length, rows, capacity, joining, longest,
+                           self.headroom, self.sampling.max_new_tokens)
+        if plan != (rows, capacity, 0):
+            self._relayout(*plan)
 
     # -- admission
     def _admit(self) -> list[tuple[object, Result]]:
@@ -710,6 +725,9 @@ class DecodeStream:
         new_logits, new_positions = [], []
         for key, prompt, seed, row_cache, logits in prefilled:
             slot, begin = len(self.rows), length - len(prompt)
+            if begin < 0:  # plan_layout's promise; writing anyway would slice the buffer wrongly
+                raise RuntimeError(f"decode stream: a {len(prompt)}-token prompt does not fit before column "
+                                   f"{length} (layout {self._layout})")
             for layer, row_layer in zip(self.cache.layers, row_cache.layers, strict=True):
                 layer.put_row(slot, begin, row_layer.keys, row_layer.values)
             self.mask[slot] = 0

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import save_micro_checkpoint
 
-from nanocomposer.generation import Completion, SamplingConfig, TransformersGenerator
+from nanocomposer.generation import Completion, SamplingConfig, TransformersGenerator, plan_layout
 from nanocomposer.policy import ModelPolicy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -171,3 +171,30 @@ def test_the_runner_streams_a_model_and_plays_the_episodes_act_batch_plays(polic
     assert play(streaming) == play(batching)
     assert steps and max(steps) > 1  # requests shared the stream
     assert streaming.stats["turns"] == batching.stats["turns"] == 4 * 3
+
+
+def test_the_layout_plan_keeps_every_row_and_fits_every_joining_prompt():
+    """plan_layout's promises over random stream states, including a prompt that joins at the right edge when
+    the window could move left (a rule that moved it left first put that prompt at a negative column: the
+    eval of 80 project tasks failed 6-7 episodes in some runs)."""
+    import random
+
+    rng = random.Random(0)
+    cases = [([1, 26], 45, 4, 45, 1, 45)]  # at the edge; dropping column 0 would leave 44 columns for 45 tokens
+    for _ in range(20_000):
+        length = rng.randint(0, 3000)
+        begins = [rng.randint(0, length - 1) for _ in range(rng.randint(0, 8))] if length else []
+        capacity = length + rng.choice([0, 0, 1, rng.randint(0, 500)])
+        rows = max(1, len(begins)) + rng.choice([0, 0, 3])
+        joining = rng.choice([0, rng.randint(1, 8)])
+        cases.append((begins, length, rows, capacity, joining, rng.randint(1, 3000) if joining else 0))
+    for begins, length, rows, capacity, joining, longest in cases:
+        new_rows, new_capacity, shift = plan_layout(begins, length, rows, capacity, joining, longest,
+                                                    headroom=rng.choice([1, 512]), max_new_tokens=12)
+        case = (begins, length, rows, capacity, joining, longest, (new_rows, new_capacity, shift))
+        assert length + shift >= longest, case  # every joining prompt fits left of the write column
+        assert all(b + shift >= 0 for b in begins), case  # no live row loses a column
+        assert length + shift + 1 <= new_capacity, case  # the next decode column exists
+        assert new_rows >= len(begins) + joining and new_capacity >= capacity and new_rows >= rows, case
+        if begins and longest <= length < capacity:
+            assert (new_rows, new_capacity, shift) == (max(rows, new_rows), capacity, 0)  # nothing moves
