@@ -16,8 +16,10 @@ conversations, absolute and relative (Composer reports relative changes: +2.28% 
 dissatisfied follow-ups, -10.3% latency). Writes <out>/ab.json and ab.md.
 
 `cycles`: one table per loop directory (runs/<run>) from its cycles' collect.json and cycle.json: live
-persisting-edit, dissatisfied, malformed-session, ask_user and edit rates, latency, and the gate's decision,
-which is where hack 1 (malformed calls) and hack 2 (questions instead of edits) show across cycles.
+persisting-edit, dissatisfied, malformed-session, ask_user and edit rates, latency, the gate's decision, and
+the monitor's warnings (the candidate's drift from v0 on the gate tasks; for a loop that predates the monitor,
+computed from its gate reports with the recipe's default thresholds), which is where hack 1 (malformed calls)
+and hack 2 (questions instead of edits) show across cycles.
 """
 
 from __future__ import annotations
@@ -147,11 +149,30 @@ def cmd_ab(args) -> int:
     return 0
 
 
+def monitor_warnings(loop: Path, folder: Path) -> list[str] | None:
+    """The monitor's warnings for one cycle: saved by the loop, or recomputed from the gate reports (the
+    candidate against cycle 1's gate of v0) with RealtimeArguments' default thresholds; None without a gate."""
+    from nanocomposer.realtime.config import RealtimeArguments
+    from nanocomposer.realtime.gate import drift_warnings
+
+    gate, first = folder / "gate.json", loop / "cycles" / "1" / "gate.json"
+    report = json.loads(gate.read_text()) if gate.is_file() else {}
+    if "monitor" in report or "candidate" not in report:
+        return report.get("monitor")
+    start = json.loads(first.read_text()) if first.is_file() else {}
+    if start.get("current_name") != "v0" or "current" not in start:
+        return None
+    defaults = RealtimeArguments.__dataclass_fields__
+    return drift_warnings(start["current"], report["candidate"], **{
+        name: defaults[f"monitor_{name}"].default
+        for name in ("max_malformed_increase", "max_ask_user_increase", "max_edit_rate_drop")})
+
+
 def cycles_markdown(run_dir: Path) -> str:
     loop = run_dir / "realtime" if (run_dir / "realtime").is_dir() else run_dir
     lines = [f"## {loop}", "", ("| cycle | served by | sessions | persisting edits | dissatisfied | malformed "
-                                "sessions | ask_user | edit rate | latency s | decision |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+                                "sessions | ask_user | edit rate | latency s | decision | monitor |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for folder in sorted((loop / "cycles").iterdir(), key=lambda p: int(p.name)):
         if not (folder / "cycle.json").is_file():
             continue
@@ -162,9 +183,11 @@ def cycles_markdown(run_dir: Path) -> str:
             return f"{live[key]['rate']:.1%}" if live["sessions"] else "-"
 
         decision = cycle.get("decision") or f"rolled back {cycle.get('rolled_back')}"
+        warnings = monitor_warnings(loop, folder)
+        monitor = "-" if warnings is None else ("; ".join(warnings) or "ok")
         lines.append(f"| {cycle['cycle']} | {cycle['served_by']} | {live['sessions']} | {rate('persisting_edit_rate')} "
                      f"| {rate('dissatisfied_rate')} | {rate('malformed_session_rate')} | {rate('ask_user_rate')} | "
-                     f"{rate('edit_rate')} | {live['latency_s']['mean']:.1f} | {decision} |")
+                     f"{rate('edit_rate')} | {live['latency_s']['mean']:.1f} | {decision} | {monitor} |")
     return "\n".join(lines) + "\n"
 
 

@@ -157,6 +157,26 @@ def test_the_gate_refuses_a_broken_candidate(world, tmp_path):
     assert decide(oracle, evaluate("oracle", tasks, **budget), **thresholds)["promote"]
 
 
+def test_the_monitor_warns_on_drift_from_the_start_that_each_gate_step_lets_through():
+    """Hack 1 in the loop, as measured (gate opened): each step's malformed-rate rise is small, the drift from
+    v0 is not. The monitor names each rate that moved beyond its threshold, and nothing else."""
+    import itertools
+
+    from nanocomposer.realtime.gate import drift_warnings
+
+    limits = {"max_malformed_increase": 0.02, "max_ask_user_increase": 0.05, "max_edit_rate_drop": 0.05}
+    rates = [0.161, 0.188, 0.194, 0.189, 0.192, 0.211]  # v0..v5
+    versions = [{"malformed_rate": r, "ask_user_rate": 0.0, "edit_rate": 0.10} for r in rates]
+    steps = [b["malformed_rate"] - a["malformed_rate"] for a, b in itertools.pairwise(versions)]
+    assert max(steps[1:]) < 0.02  # after v1 no single step would trip a +2-point gate
+    warned = [drift_warnings(versions[0], v, **limits) for v in versions[1:]]
+    assert all(len(w) == 1 and w[0].startswith("malformed-call rate 16.1% -> ") for w in warned), warned
+    assert "(+5.0%; threshold +2.0%)" in warned[-1][0]
+    hack2 = {"malformed_rate": 0.161, "ask_user_rate": 0.08, "edit_rate": 0.02}
+    assert [w.split(" ")[0] for w in drift_warnings(versions[0], hack2, **limits)] == ["ask_user", "edit"]
+    assert drift_warnings(versions[0], versions[0], **limits) == []
+
+
 # --------------------------------------------------------------------------- server + users processes (scripted)
 
 
@@ -269,6 +289,7 @@ def test_one_cycle_end_to_end_killed_mid_cycle_resumes_on_policy_without_double_
     assert json.loads((version / "version.json").read_text())["parent"] == "v0"
     gate = json.loads((version / "gate.json").read_text())
     assert (version / "gate.md").is_file() and gate["candidate_name"] == "v1"
+    assert isinstance(gate["monitor"], list)  # the monitor ran (drift from v0; whatever it found)
     cycle = json.loads((loop_dir / "cycles" / "1" / "cycle.json").read_text())
     assert cycle["served_by"] == "v0" and cycle["timing/update_s"] > 0
     assert cycle["decision"] == ("promoted" if gate["promote"] else "refused")
@@ -308,3 +329,25 @@ def test_ab_table_pairs_conversations(tmp_path):
     assert kept["diff"] == pytest.approx(0.25) and kept["relative"] == pytest.approx(0.5)
     assert table["metrics"]["dissatisfied_followups"]["diff"] == pytest.approx(-0.25)
     assert "| persisting edits | 50.0%" in ab_markdown(table, "v0", "v5")
+
+
+def test_cycles_table_shows_the_monitor_saved_or_recomputed_from_gate_reports(tmp_path):
+    from bench.realtime import cycles_markdown
+
+    live = {"sessions": 4, "latency_s": {"mean": 2.0},
+            **{k: {"rate": 0.25} for k in ("persisting_edit_rate", "dissatisfied_rate", "malformed_session_rate",
+                                           "ask_user_rate", "edit_rate")}}
+    summary = {"malformed_rate": 0.10, "ask_user_rate": 0.0, "edit_rate": 0.3}
+    gates = [{"current_name": "v0", "current": summary, "candidate": {**summary, "malformed_rate": 0.11}},
+             {"current_name": "v1", "current": summary, "candidate": {**summary, "malformed_rate": 0.15}},
+             {"current_name": "v2", "candidate": summary, "monitor": ["saved by the loop"]}]
+    for cycle, gate in enumerate(gates, 1):
+        folder = tmp_path / "realtime" / "cycles" / str(cycle)
+        folder.mkdir(parents=True)
+        (folder / "collect.json").write_text(json.dumps({"live": live}))
+        (folder / "cycle.json").write_text(json.dumps({"cycle": cycle, "served_by": "v0", "decision": "promoted"}))
+        (folder / "gate.json").write_text(json.dumps(gate))
+    rows = [line.split("|")[-2].strip() for line in cycles_markdown(tmp_path).splitlines() if line[:3] in
+            ("| 1", "| 2", "| 3")]
+    assert rows == ["ok", "malformed-call rate 10.0% -> 15.0% since the start (+5.0%; threshold +2.0%)",
+                    "saved by the loop"]

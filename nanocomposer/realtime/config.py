@@ -65,6 +65,12 @@ class RealtimeArguments(StageArguments):
     gate_max_malformed_increase: float = field(default=0.02, metadata={"help": "Malformed-call rate may rise this much."})
     gate_max_ask_user_increase: float = field(default=0.05, metadata={"help": "ask_user rate may rise this much."})
     gate_max_edit_rate_drop: float = field(default=0.05, metadata={"help": "Edit rate may fall this much."})
+    monitor_max_malformed_increase: float = field(default=0.02, metadata={
+        "help": "The monitor warns when a candidate's malformed-call rate is this much above the starting version's."})
+    monitor_max_ask_user_increase: float = field(default=0.05, metadata={
+        "help": "The monitor warns when a candidate's ask_user rate is this much above the starting version's."})
+    monitor_max_edit_rate_drop: float = field(default=0.05, metadata={
+        "help": "The monitor warns when a candidate's edit rate is this much below the starting version's."})
     rollback_margin: float = field(default=0.0, metadata={
         "help": "Roll back when a promoted version's persisting-edit rate is below its parent's (or its "
                 "dissatisfied rate above) with the 95% interval of the difference beyond this margin."})
@@ -83,6 +89,7 @@ class RealtimeArguments(StageArguments):
         if self.serve_minutes is not None and not self.serve_minutes > 0:
             raise ArgumentError("serve_minutes", self.serve_minutes, "must be > 0 (or null: no limit)")
         for name in ("gate_temperature", "gate_solve_margin", "gate_max_malformed_increase",
-                     "gate_max_ask_user_increase", "gate_max_edit_rate_drop", "rollback_margin"):
+                     "gate_max_ask_user_increase", "gate_max_edit_rate_drop", "rollback_margin",
+                     "monitor_max_malformed_increase", "monitor_max_ask_user_increase", "monitor_max_edit_rate_drop"):
             if not getattr(self, name) >= 0:
                 raise ArgumentError(name, getattr(self, name), "must be >= 0")

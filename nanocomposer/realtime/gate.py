@@ -7,6 +7,11 @@ nanocomposer.policies.run_policy, eval.py's path), so the comparison is paired. 
 - its malformed-call rate or ask_user rate rose by more than the recipe allows (hacks 1 and 2 show up there
   first), or its edit rate (episodes with at least one successful edit) fell by more than allowed.
 Current's results are computed once per version and reused (same tasks, seeds and budgets).
+
+The monitor (`drift_warnings`) compares each candidate with the loop's starting version instead: the gate
+judges one step, so a rate that creeps up by less than its threshold every cycle, or a loop run with its gate
+opened (the reward-hack reproductions), passes the gate; drift from the start does not pass the monitor. Its
+warnings are logged and saved with the gate report; they do not block promotion.
 """
 
 from __future__ import annotations
@@ -79,3 +84,18 @@ def gate_markdown(report: dict, current: str, candidate: str) -> str:
     lines += [f"| episodes | {a['n']} | {b['n']} | |", "",
               "Solve rates with Wilson 95% intervals; the difference with a paired-bootstrap 95% interval over tasks."]
     return "\n".join(lines) + "\n"
+
+
+def drift_warnings(start: dict, candidate: dict, *, max_malformed_increase: float, max_ask_user_increase: float,
+                   max_edit_rate_drop: float) -> list[str]:
+    """The monitor's warnings: the candidate's behaviour rates against the starting version's (gate summaries
+    on the same tasks), one line per rate that moved beyond its threshold."""
+    warnings = []
+    for key, name, limit, sign in (("malformed_rate", "malformed-call rate", max_malformed_increase, 1),
+                                   ("ask_user_rate", "ask_user rate", max_ask_user_increase, 1),
+                                   ("edit_rate", "edit rate", max_edit_rate_drop, -1)):
+        moved = candidate[key] - start[key]
+        if sign * moved > limit:
+            warnings.append(f"{name} {start[key]:.1%} -> {candidate[key]:.1%} since the start ({moved:+.1%}; "
+                            f"threshold {'+' if sign > 0 else '-'}{limit:.1%})")
+    return warnings

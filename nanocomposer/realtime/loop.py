@@ -32,7 +32,7 @@ from env.rewards import get_reward_funcs
 from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import SessionStore
 from nanocomposer.realtime.collect import collect
-from nanocomposer.realtime.gate import decide, evaluate, gate_markdown
+from nanocomposer.realtime.gate import decide, drift_warnings, evaluate, gate_markdown
 from nanocomposer.realtime.live import live_metrics, rollback_decision
 from nanocomposer.realtime.rewards import reward_summary, session_facts
 from nanocomposer.realtime.server import AgentServer, run_users
@@ -361,11 +361,17 @@ class Loop:
                       "current_name": current}
             markdown = f"# Gate: {candidate} vs {current}\n\n**Decision: refuse** — {report['reasons'][0]}\n"
         else:
-            report = decide(self.version_eval(current, tasks), self.version_eval(candidate, tasks),
+            candidate_eval = self.version_eval(candidate, tasks)
+            report = decide(self.version_eval(current, tasks), candidate_eval,
                             solve_margin=a.gate_solve_margin, max_malformed_increase=a.gate_max_malformed_increase,
                             max_ask_user_increase=a.gate_max_ask_user_increase,
                             max_edit_rate_drop=a.gate_max_edit_rate_drop)
-            report.update(candidate_name=candidate, current_name=current)
+            # the monitor: drift from the starting version (v0's gate records are cached after cycle 1)
+            monitor = drift_warnings(self.version_eval("v0", tasks)["summary"], candidate_eval["summary"],
+                                     max_malformed_increase=a.monitor_max_malformed_increase,
+                                     max_ask_user_increase=a.monitor_max_ask_user_increase,
+                                     max_edit_rate_drop=a.monitor_max_edit_rate_drop)
+            report.update(candidate_name=candidate, current_name=current, monitor=monitor)
             markdown = gate_markdown(report, current, candidate)
         for folder in (self.cycle_dir(), self.registry.versions_dir / candidate):
             if folder.is_dir():
@@ -386,8 +392,10 @@ class Loop:
         report = self.gate(f"v{self.state.cycle}", self.gate_tasks())
         self.log(f"[realtime] cycle {self.state.cycle}: gate {'PROMOTE' if report['promote'] else 'REFUSE'}: "
                  f"{'; '.join(report['reasons'])}")
+        for warning in report.get("monitor", []):
+            self.log(f"[realtime] cycle {self.state.cycle}: MONITOR WARNING: v{self.state.cycle} {warning}")
         deltas = report.get("deltas") or {}
-        self.wandb_log({"gate/promote": float(report["promote"]),
+        self.wandb_log({"gate/promote": float(report["promote"]), "monitor/warnings": len(report.get("monitor", [])),
                         **{f"gate/delta_{k}": v for k, v in deltas.items() if isinstance(v, float)},
                         **({"gate/delta_solve_rate": deltas["solve_rate"]["diff"],
                             "gate/delta_solve_rate_low": deltas["solve_rate"]["ci95"][0],
@@ -411,7 +419,7 @@ class Loop:
             except CandidateError as e:
                 report = {**report, "promote": False, "reasons": [f"corrupt candidate: {e}"]}
         self.finish_cycle(candidate=name, decision="promoted" if report["promote"] else "refused",
-                          reasons=report["reasons"], **self.cycle_metrics(),
+                          reasons=report["reasons"], monitor=report.get("monitor", []), **self.cycle_metrics(),
                           **{f"update/{k}": v for k, v in _read(self.cycle_dir() / "update.json").items()
                              if isinstance(v, (int, float))})
 
