@@ -15,6 +15,7 @@ or, on a GPU with vllm installed, vLLM (--backend; auto picks vllm there; vLLM n
 takes $NANOCOMPOSER_VLLM_GPU_MEMORY, default 0.85, of the GPU). Episodes are played by env.runner.run_tasks
 in this one process: --workers episodes at once, their tools in threads; a policy that batches generation
 gets the turns of all waiting episodes in one call, and one that cannot runs episodes one at a time.
+--processes N splits them over N worker processes, each loading the policy (CPU generation on N cores).
 Budgets and sampling (--max-turns, --max-new-tokens, --temperature, ...) are env.budget.Budget's fields.
 
 Outputs: results.json {"summary": {n, solved, solve_rate, solve_rate_ci95, pass@1..k, mean_turns, tool_calls,
@@ -44,7 +45,7 @@ from data.humaneval import ensure_humaneval
 from env.budget import Budget
 from env.episode import EpisodeConfig, Trajectory
 from env.metrics import BOOTSTRAP_RESAMPLES
-from env.runner import Interrupted, ResultsFileError, TaskRef
+from env.runner import Interrupted, ProcessFailed, ResultsFileError, TaskRef
 from env.task_sets import TaskSet, humaneval_cache, resolve_task_set
 from env.tasks import Task, TaskError, spread_subset
 from nanocomposer import reporting
@@ -75,6 +76,9 @@ class EvalArguments:
     out_dir: str | None = field(default=None, metadata={"help": "comparison outputs (--compare)"})
     resume: bool = field(default=False, metadata={"help": "skip the episodes already in the episodes file"})
     workers: int = field(default=4, metadata={"help": "episodes played at once (threads; generation batched)"})
+    processes: int = field(default=1, metadata={
+        "help": "worker processes, each with its own copy of the policy and a share of --workers: on a CPU, "
+                "generation on that many cores (the vllm backend stays in 1)"})
     samples: int = field(default=1, metadata={"help": "episodes per task, seeds seed..seed+k-1 (pass@1..k)"})
     limit: int | None = field(default=None, metadata={
         "help": "only N tasks of each set, evenly spaced over it by id (so every family of a mixed set is in)"})
@@ -126,7 +130,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[EvalArguments, Budget]:
                f"--out-dir {args.out_dir!r} is a file, not a directory"),
               (args.limit is not None and args.limit < 1, f"--limit must be >= 1, got {args.limit}")]
     checks += [(getattr(args, n) < 1, f"--{n} must be >= 1, got {getattr(args, n)}")
-               for n in ("workers", "samples", "bootstrap")]
+               for n in ("workers", "processes", "samples", "bootstrap")]
     for bad, message in checks:
         if bad:
             parser.error(message)
@@ -139,7 +143,8 @@ def episodes_path(results_json: Path) -> Path:
 
 def run_benchmark(task_sets: list[TaskSet], policy_spec: str, config: EpisodeConfig, *, workers: int = 1,
                   sampling: dict | None = None, samples: int = 1, backend: str = "auto", progress: bool = True,
-                  results_path: Path | None = None, resume: bool = False, limit: int | None = None) -> dict:
+                  results_path: Path | None = None, resume: bool = False, limit: int | None = None,
+                  processes: int = 1) -> dict:
     """results.json for one policy on several task sets: overall and per-set summaries, one record per episode.
 
     A set's tasks that did not load (`TaskSet.invalid`) are played too: each becomes one invalid_task record
@@ -155,9 +160,10 @@ def run_benchmark(task_sets: list[TaskSet], policy_spec: str, config: EpisodeCon
         refs += ordered if limit is None else spread_subset(ordered, limit)
     records, wall_s, workers = run_policy(policy_spec, refs, config, sampling, samples=samples, workers=workers,
                                           backend=backend, results_path=results_path, resume=resume,
-                                          progress=progress)
+                                          progress=progress, processes=processes)
     sampling = sampling or {}
     facts = {"samples": samples, "seed": int(sampling.get("seed", 0) or 0), "workers": workers,
+             "processes": processes,
              "backend": backend, "sampling": {k: v for k, v in sampling.items() if k != "seed"},
              "episode": config.budgets()}
     return reporting.results_file(records, task_sets, policy_spec, policy_label(policy_spec), facts, wall_s)
@@ -205,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         print("eval.py: warning: --samples > 1 with --temperature 0 (greedy) repeats identical episodes",
               file=sys.stderr)
     config = EpisodeConfig.from_budget(budget)
-    run = {"workers": args.workers, "sampling": sampling, "samples": args.samples, "backend": backend,
+    run = {"workers": args.workers, "processes": args.processes, "sampling": sampling, "samples": args.samples,
+           "backend": backend,
            "progress": not args.quiet, "resume": args.resume, "limit": args.limit}
     out_dir = Path(args.out_dir) if args.compare else None
     outputs = [Path(args.output)] if args.policy else [out_dir / reporting.slug(label) / "results.json"
@@ -220,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         command = shlex.join(["python", "eval.py", *(sys.argv[1:] if argv is None else argv)])
         print(f"eval.py: {e}; resume with: {command}{'' if args.resume else ' --resume'}", file=sys.stderr)
         return 130
-    except ResultsFileError as e:
+    except (ResultsFileError, ProcessFailed) as e:
         return fail(str(e))
     if args.policy:
         if not args.quiet:

@@ -17,7 +17,9 @@ plays the very same tasks), greedy, `--max-turns` x `--max-new-tokens`:
   attribute the gain;
 - `new-nostream`: the same with continuous batching off (ModelPolicy.open_stream returns None, so the runner
   batches each round of waiting turns with act_batch and every turn of a round waits for the longest one);
-- `new-threads2`: the same generating on 2 torch threads instead of 1.
+- `new-threads2`: the same generating on 2 torch threads instead of 1;
+- `new-processes2`: the same in 2 worker processes (`--processes 2`: each loads the checkpoint, generates on
+  one thread and holds half of the --workers episodes; jobs come from one queue).
 
 An arm may be listed several times (`old,new,new,old`): each run is reported, and per arm the median. Reported
 per run: wall seconds of the eval process (model load included), episodes/s, CPU seconds of the process and
@@ -41,7 +43,7 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ARMS = ("old", "new", "new-noreuse", "new-nostream", "new-threads2")
+ARMS = ("old", "new", "new-noreuse", "new-nostream", "new-threads2", "new-processes2")
 # eval.py with one of ModelPolicy's speed-ups off (a subprocess: nothing here imports the stage script)
 _RUN_EVAL = "sys.argv = ['eval.py', *sys.argv[1:]]; runpy.run_path('eval.py', run_name='__main__')"
 PATCHED = {"new-noreuse": "import runpy, sys, nanocomposer.policy as p; p.DEFAULT_PREFIX_CACHE_POSITIONS = 0; "
@@ -74,10 +76,11 @@ def arm_command(arm: str, args, tasks: Path, output: Path) -> tuple[list[str], P
     if arm == "old":
         return ([python, "eval.py", "--tasks", str(tasks), "--policy", str(args.policy), "--workers", "2",
                  "--backend", "transformers", "--output", str(output), "--quiet", *budget], Path(args.old))
-    head = [python, "eval.py"] if arm == "new" else [python, "-c", PATCHED[arm]]
+    head = [python, "-c", PATCHED[arm]] if arm in PATCHED else [python, "eval.py"]
+    processes = "2" if arm == "new-processes2" else "1"
     return ([*head, "--config", "recipes/tiny/eval.yaml", "--tasks", str(tasks), "--policy", str(args.policy),
-             "--workers", str(args.workers), "--backend", "transformers", "--output", str(output), "--quiet",
-             *budget], REPO_ROOT)
+             "--workers", str(args.workers), "--processes", processes, "--backend", "transformers", "--output",
+             str(output), "--quiet", *budget], REPO_ROOT)
 
 
 def assistant_texts(record: dict) -> list[str]:

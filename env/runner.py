@@ -18,6 +18,11 @@ subprocesses, so threads overlap them with each other and with generation). Gene
   live episode gets its own instance from the zero-argument factory (instances are reused after an episode
   ends) and the whole episode runs in its worker thread.
 
+With `processes=N` the episodes are played by N spawned worker processes, each running the above with its
+own policy instance from the (then picklable) factory and taking jobs from one shared queue; this process
+only writes results. On a CPU that is how generation uses several cores: one model per process, one
+thread each, the processes' batches decoding side by side.
+
 Seeds: sample s of a task is seeded with `seed + s` (`seed_policy(policy, seed)` for per-episode policies,
 and the episode key `f"{task.id}#{seed + s}"`, from which batched policies derive their sampling seeds).
 
@@ -289,13 +294,13 @@ class Runner:
 
     # -- the driver (calling thread)
     def run(self, on_record: Callable[[dict, Trajectory | None], None]) -> None:
-        todo = deque(self.jobs)
+        todo = self.jobs if isinstance(self.jobs, _JobFeed) else deque(self.jobs)
         live: list[_Slot] = []
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="episode") as pool:
             try:
                 while todo or live:
                     self._collect(live, on_record)  # first: a finished episode's slot is refilled right away
-                    while todo and len(live) < self.concurrency:
+                    while len(live) < self.concurrency and todo:  # (a job feed takes a job when asked)
                         live.append(self._launch(pool, todo.popleft()))
                     if self.stream is not None:
                         if self._stream_step(pool, live):
@@ -392,6 +397,141 @@ class Runner:
                 slot.episode.close()
 
 
+# --------------------------------------------------------------------------- several processes
+
+
+class ProcessFailed(RuntimeError):
+    """A worker process of a `processes > 1` run failed or died; the finished records are on disk."""
+
+
+class _JobFeed:
+    """The jobs a worker process plays: indexes into the run's job list, taken one at a time from a queue
+    shared by all workers, so a process that finishes its episodes early takes more (no static split)."""
+
+    def __init__(self, jobs: list[_Job], queue):
+        self.jobs, self.queue, self.next, self.exhausted = jobs, queue, None, False
+
+    def __bool__(self) -> bool:
+        if self.next is None and not self.exhausted:
+            index = self.queue.get(timeout=600)  # every index is queued before the workers start
+            self.exhausted = index is None
+            self.next = None if index is None else self.jobs[index]
+        return self.next is not None
+
+    def popleft(self) -> _Job:
+        job, self.next = self.next, None
+        return job
+
+
+def _die_with_parent() -> None:
+    """SIGTERM this process when the process that started it dies (even by SIGKILL), so a worker never
+    outlives its run: SIGTERM stops its episodes cleanly (sandboxes closed, workspaces removed)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not glibc: a killed run's workers finish their live episodes and exit
+        pass
+
+
+def _worker_main(number: int, jobs: list[_Job], make_policy, config: EpisodeConfig, runner_args: dict,
+                 job_queue, results) -> None:
+    """One worker process: build the policy, play jobs from the queue, send each record to the parent."""
+    _die_with_parent()
+    parent, runner = os.getppid(), None
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
+        runner = Runner(_JobFeed(jobs, job_queue), make_policy, config, **runner_args)
+        with _StopSignals():
+            if os.getppid() != parent:  # the parent died before the death signal was set
+                raise KeyboardInterrupt
+            runner.run(lambda record, traj: results.put(("record", number, record)))
+    except KeyboardInterrupt:
+        results.put(("stopped", number, None))
+    except BaseException as e:  # noqa: BLE001  (reported to the parent, which names the process)
+        results.put(("error", number, error_text(e)))
+    else:
+        results.put(("done", number, None))
+    finally:
+        close = getattr(getattr(runner, "shared", None), "close", None)
+        if callable(close):
+            close()
+
+
+def _run_in_processes(jobs: list[_Job], make_policy, config: EpisodeConfig, processes: int, runner_args: dict,
+                      on_record: Callable[[dict, Trajectory | None], None]) -> None:
+    """Play `jobs` in `processes` worker processes, each a Runner with its own policy (so CPU generation
+    runs on several cores at once); records come back to this process, which calls `on_record` for each
+    (with the trajectory rebuilt from the record). SIGINT/SIGTERM here stops every worker cleanly and raises
+    KeyboardInterrupt; a worker that fails or dies raises ProcessFailed once the others are done."""
+    import multiprocessing
+    import queue
+
+    context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools mid-flight
+    job_queue, results = context.Queue(), context.Queue()
+    for index in range(len(jobs)):
+        job_queue.put(index)
+    for _ in range(processes):
+        job_queue.put(None)
+    workers = [context.Process(target=_worker_main, name=f"episodes-{n}", daemon=True,
+                               args=(n, jobs, make_policy, config, runner_args, job_queue, results))
+               for n in range(processes)]
+    ended: dict[int, str] = {}  # worker number -> how it ended
+    deliver = [True]  # records still go to on_record (not after on_record itself failed)
+
+    def handle(kind: str, number: int, payload) -> None:
+        if kind == "record":
+            if not deliver[0]:
+                return
+            status = payload.get("exit_status")
+            failed = status in (ExitStatus.INVALID_TASK.value, ExitStatus.HARNESS_ERROR.value)
+            on_record(payload, None if failed else Trajectory.from_record(payload))
+        else:
+            ended[number] = kind if kind != "error" else f"failed: {payload}"
+
+    def pump(timeout: float) -> None:
+        """Handle what the workers sent; a worker found dead without saying so has died."""
+        try:
+            handle(*results.get(timeout=timeout))
+            while True:
+                handle(*results.get_nowait())
+        except queue.Empty:
+            pass
+        for n, worker in enumerate(workers):
+            if n not in ended and not worker.is_alive():
+                try:  # what it sent before exiting is in the pipe (its queue is flushed at exit)
+                    while n not in ended:
+                        handle(*results.get(timeout=1.0))
+                except queue.Empty:
+                    ended[n] = f"died (exit code {worker.exitcode})"
+
+    try:
+        with _StopSignals():
+            for worker in workers:
+                worker.start()
+            while len(ended) < processes:
+                pump(0.5)
+    except BaseException as e:  # Ctrl-C, SIGTERM, or this process failing: stop every worker cleanly
+        deliver[0] = isinstance(e, KeyboardInterrupt)  # episodes finished while stopping are kept
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()  # SIGTERM: the worker abandons its episodes and says "stopped"
+        deadline = time.monotonic() + 150
+        while len(ended) < processes and time.monotonic() < deadline:
+            pump(0.5)
+        for worker in workers:
+            if worker.pid is not None:
+                worker.join(timeout=5)
+                if worker.is_alive():
+                    worker.kill()
+        raise
+    for worker in workers:
+        worker.join(timeout=30)
+    failures = {n: how for n, how in sorted(ended.items()) if how != "done"}
+    if failures:
+        raise ProcessFailed("; ".join(f"worker process {n} {how}" for n, how in failures.items()))
+
+
 def _run_facts_path(path: Path) -> Path:
     return path.with_name(path.name + ".run.json")
 
@@ -436,7 +576,8 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
               results_path: str | Path | None = None, resume: bool = False, progress: bool = True,
               on_result: Callable[[dict, Trajectory | None], None] | None = None,
               seed_policy: Callable[[object, int], None] = default_seed_policy, token_ids: bool = False,
-              batch_wait_s: float = 0.05, desc: str = "episodes", run_facts: dict | None = None) -> list[dict]:
+              batch_wait_s: float = 0.05, desc: str = "episodes", run_facts: dict | None = None,
+              processes: int = 1) -> list[dict]:
     """Play every task `samples` times; the records, task-major and sample-minor (module docstring).
 
     `on_result(record, trajectory)` is called on this thread as each episode finishes (trajectory None for a
@@ -444,11 +585,19 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
     and the seed in `<results_path>.run.json`; resuming with other facts is refused, so a results file never
     mixes episodes played under different settings. Raises `Interrupted` on SIGINT/SIGTERM, `ResultsFileError`
     for a results file that cannot be resumed; every other failure becomes a failed record.
+
+    `processes > 1` plays the episodes in that many worker processes (spawned; each builds its own policy
+    with `make_policy`, which must then be picklable, e.g. a module-level function or a functools.partial, and
+    holds up to `concurrency / processes` live episodes, rounded up), taking jobs from one queue; this process
+    writes the results file and calls `on_result` (with the trajectory rebuilt from the record). On a CPU this
+    runs generation on several cores. A worker that fails or dies raises `ProcessFailed` once the others
+    are done; what finished is on disk, and `resume=True` plays the rest.
     """
     from tqdm import tqdm
 
-    if samples < 1 or concurrency < 1:
-        raise ValueError(f"run_tasks: samples={samples} and concurrency={concurrency} must be >= 1")
+    if samples < 1 or concurrency < 1 or processes < 1:
+        raise ValueError(f"run_tasks: samples={samples}, concurrency={concurrency} and processes={processes} "
+                         "must be >= 1")
     config = config or EpisodeConfig()
     refs = [_loaded(t if isinstance(t, TaskRef) else TaskRef(t)) for t in tasks]
     jobs = [_Job(i * samples + s, ref, s, seed + s) for i, ref in enumerate(refs) for s in range(samples)]
@@ -461,14 +610,20 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
         done = {record_key(r): r for r in read_results(path, repair=True) if record_key(r) in wanted}
     todo = [job for job in jobs if job.key not in done]
     sweep_leftovers()
-    runner = Runner(todo, make_policy, config, concurrency=min(concurrency, max(1, len(todo))),
-                    seed_policy=seed_policy, token_ids=token_ids, batch_wait_s=batch_wait_s)
-    if done:
-        name = getattr(runner.shared or runner.free_policies[0], "name", None)
-        others = {r.get("policy") for r in done.values()} - {name}
+    processes = min(processes, max(1, len(todo)))
+    runner_args = {"concurrency": min(-(-concurrency // processes), max(1, len(todo))), "seed_policy": seed_policy,
+                   "token_ids": token_ids, "batch_wait_s": batch_wait_s}
+    runner = Runner(todo, make_policy, config, **runner_args) if processes == 1 else None
+    resumed_policies = {r.get("policy") for r in done.values()}
+
+    def check_policy(name: str | None) -> None:
+        others = resumed_policies - {name}
         if name is not None and others:
             raise ResultsFileError(f"results file {str(path)!r} holds episodes of policy {min(map(str, others))!r}, "
                                    f"not {name!r}: resume with the same policy, or start a new file")
+
+    if runner is not None:  # (worker processes build their own policies: their first record is checked)
+        check_policy(getattr(runner.shared or runner.free_policies[0], "name", None))
     if path is not None:
         if not resume:
             path.write_text("")  # a fresh run (only now: a policy that fails to build has not cost the old file)
@@ -477,6 +632,8 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
     out = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115 (closed below)
 
     def finished(record: dict, traj: Trajectory | None) -> None:
+        if runner is None and resumed_policies:
+            check_policy(record.get("policy"))
         done[record_key(record)] = record  # the record's id is its job's: tasks are loaded (or unloadable) above
         if out is not None:
             _append(out, record)
@@ -485,10 +642,16 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
             on_result(record, traj)
 
     try:
-        with _StopSignals():
-            runner.run(finished)
+        if runner is None:
+            _run_in_processes(todo, make_policy, config, processes, runner_args, finished)
+        else:
+            with _StopSignals():
+                runner.run(finished)
     except KeyboardInterrupt:
         raise Interrupted(len(done), len(jobs), str(path) if path else None) from None
+    except ProcessFailed as e:
+        where = f" are in {str(path)!r}: resume to play the rest" if path else ""
+        raise ProcessFailed(f"{e}; {len(done)}/{len(jobs)} episodes finished{where}") from None
     finally:
         bar.close()
         if out is not None:

@@ -194,7 +194,7 @@ def _python_roots() -> list[Path]:
 
 def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
     """The child's whole environment: an allow-list, never a filtered copy of os.environ."""
-    venv_bin = Path(sys.prefix) / "bin"
+    venv_bin = Path(sys.prefix).resolve() / "bin"  # resolved, as mounted: a venv reached by a symlink works too
     env = {
         "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
         "HOME": "/tmp",

@@ -87,37 +87,53 @@ def episode_concurrency(workers: int, policy, spec: str) -> int:
 
 def run_policy(spec: str, tasks: list, config, sampling: dict | None = None, *, samples: int = 1,
                workers: int = 1, backend: str = "auto", results_path=None, resume: bool = False,
-               progress: bool = True, token_ids: bool = False) -> tuple[list[dict], float, int]:
+               progress: bool = True, token_ids: bool = False, processes: int = 1) -> tuple[list[dict], float, int]:
     """(records, wall seconds, concurrency used): `spec` played on `tasks` (Tasks, directories or
     env.runner.TaskRef) `samples` times each, through env.runner.run_tasks (seeds seed..seed+samples-1).
 
     Scripted specs get a fresh instance per live episode; a checkpoint is loaded once and shared (batched
-    when it has `act_batch`), and closed afterwards (a vLLM engine holds the GPU until then).
+    when it has `act_batch`), and closed afterwards (a vLLM engine holds the GPU until then). `processes > 1`
+    plays the episodes in that many worker processes, each with its own instance (a checkpoint loaded once per
+    process, `workers` split between them): on a CPU, generation then runs on that many cores. A vLLM engine
+    wants the whole GPU, so with the vllm backend the episodes stay in this process (warned about).
     """
+    import functools
     import time
 
     from env.runner import run_tasks
 
     sampling = dict(sampling or {})
     seed = int(sampling.pop("seed", 0) or 0)
-    if is_scripted(spec):
-        policy = None
+    scripted = is_scripted(spec)
+    if not scripted and processes > 1 and resolve_backend(backend) == "vllm":
+        print(f"eval.py: warning: --processes {processes} with the vllm backend: one engine serves every episode, "
+              "in 1 process", file=sys.stderr)
+        processes = 1
+    policy = None
+    if scripted:
+        make_policy = functools.partial(build_policy, spec)
         workers = max(1, workers)
+    elif processes > 1:  # each worker process loads the checkpoint (eval.py has checked that it loads)
+        make_policy = functools.partial(build_policy, spec, sampling, backend)
     else:
         policy = build_policy(spec, sampling, backend)
         workers = episode_concurrency(workers, policy, spec)
+        make_policy = functools.partial(_same, policy)
     t0 = time.perf_counter()
     try:
-        records = run_tasks(tasks, (lambda: build_policy(spec)) if policy is None else (lambda: policy), config,
-                            samples=samples, seed=seed, concurrency=workers, results_path=results_path,
-                            resume=resume, progress=progress, seed_policy=seed_policy, token_ids=token_ids,
-                            desc=f"eval {policy_label(spec)}",
-                            run_facts={"policy": spec, "backend": backend if policy is not None else None,
-                                       "sampling": sampling if policy is not None else None})
+        records = run_tasks(tasks, make_policy, config, samples=samples, seed=seed, concurrency=workers,
+                            results_path=results_path, resume=resume, progress=progress, seed_policy=seed_policy,
+                            token_ids=token_ids, desc=f"eval {policy_label(spec)}", processes=processes,
+                            run_facts={"policy": spec, "backend": None if scripted else backend,
+                                       "sampling": None if scripted else sampling})
     finally:
         if policy is not None and hasattr(policy, "close"):
             policy.close()
     return records, time.perf_counter() - t0, workers
+
+
+def _same(policy):
+    return policy
 
 
 def seed_policy(policy, seed: int) -> None:

@@ -1,6 +1,7 @@
-"""env/runner.py: the same records as sequential episodes, batched == unbatched, failed records, resume,
-and eval.py surviving SIGKILL (resume) and SIGINT (exit 130) without leftovers."""
+"""env/runner.py: the same records as sequential episodes, batched == unbatched, in one process or several,
+failed records, resume, and eval.py surviving SIGKILL (resume) and SIGINT (exit 130) without leftovers."""
 
+import functools
 import hashlib
 import json
 import os
@@ -13,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, harness_leftovers, make_calc_task
+from conftest import ROOT, harness_leftovers, make_calc_task, save_micro_checkpoint
 
 from env.episode import EpisodeConfig, Generation, run_episode
-from env.policies import GoldPolicy, NoopPolicy, OraclePolicy
+from env.policies import GoldPolicy, NoopPolicy, OraclePolicy, get_policy
 from env.protocol import format_assistant_turn
-from env.runner import ResultsFileError, TaskRef, default_seed_policy, read_results, run_tasks
+from env.runner import ProcessFailed, ResultsFileError, TaskRef, default_seed_policy, read_results, run_tasks
 from env.task_sets import resolve_task_set
 from env.tasks import Task
 
@@ -123,6 +124,64 @@ def test_a_failing_act_batch_ends_each_episode_with_the_reason(tmp_path):
     assert records[0]["exit_status"] == "policy_error" and records[0]["error"] == "RuntimeError: CUDA out of memory"
 
 
+# --------------------------------------------------------------------------- worker processes
+
+
+class GoldUnlessTold(GoldPolicy):
+    """The gold policy, whose process exits at once (as if OOM-killed) on the task $TEST_DIE_ON_TASK names."""
+
+    def reset(self, task):
+        if os.environ.get("TEST_DIE_ON_TASK") == task.id:
+            os._exit(3)
+        return super().reset(task)
+
+
+def test_worker_processes_give_the_records_of_one_process():
+    tasks = resolve_task_set("samples").tasks
+    oracle = functools.partial(get_policy, "oracle")
+    one = run_tasks(tasks, oracle, samples=2, seed=3, concurrency=4, progress=False)
+    played = []
+    two = run_tasks(tasks, oracle, samples=2, seed=3, concurrency=4, progress=False, processes=2,
+                    on_result=lambda record, traj: played.append((record["id"], traj.solved)))
+    assert normalize(two) == normalize(one) and all(r["solved"] for r in two)
+    assert sorted(played) == sorted((r["id"], True) for r in one)  # on_result gets the rebuilt trajectory
+
+
+def test_checkpoint_policies_in_worker_processes_generate_as_in_one(tmp_path):
+    from nanocomposer.policies import build_policy
+
+    checkpoint = save_micro_checkpoint(tmp_path / "micro")
+    tasks = resolve_task_set("samples").tasks
+    model = functools.partial(build_policy, str(checkpoint), {"max_new_tokens": 8, "temperature": 0.0}, "transformers")
+    config = EpisodeConfig(max_turns=2)
+    one = run_tasks(tasks, model, config, concurrency=1, progress=False)
+    two = run_tasks(tasks, model, config, concurrency=2, progress=False, processes=2)  # 1 episode per process
+    assert normalize(two) == normalize(one)
+    assert all(r["completion_tokens"] for r in two)
+
+
+def test_a_worker_that_dies_or_fails_is_named_and_its_finished_work_kept(tmp_path, monkeypatch):
+    tasks = [make_calc_task(tmp_path, f"calc-{c}") for c in "abcd"]
+    path = tmp_path / "episodes.jsonl"
+    monkeypatch.setenv("TEST_DIE_ON_TASK", "calc-b")
+    with pytest.raises(ProcessFailed, match=r"worker process \d died \(exit code 3\); 3/4 episodes finished "
+                                            r"are in .*episodes.jsonl': resume to play the rest"):
+        run_tasks(tasks, GoldUnlessTold, concurrency=2, results_path=path, progress=False, processes=2)
+    assert sorted(r["id"] for r in read_results(path)) == ["calc-a", "calc-c", "calc-d"]
+    monkeypatch.delenv("TEST_DIE_ON_TASK")
+    played = []
+    resumed = run_tasks(tasks, GoldUnlessTold, concurrency=2, results_path=path, resume=True, progress=False,
+                        processes=2, on_result=lambda record, traj: played.append(record["id"]))
+    assert played == ["calc-b"] and all(r["solved"] for r in resumed)
+    assert [r["id"] for r in read_results(path)] == ["calc-a", "calc-b", "calc-c", "calc-d"]
+    with pytest.raises(ResultsFileError, match="holds episodes of policy 'gold', not 'noop'"):
+        run_tasks(tasks + [make_calc_task(tmp_path / c, f"calc-{c}") for c in "ef"], functools.partial(get_policy, "noop"),
+                  results_path=path, resume=True, progress=False, processes=2)
+    with pytest.raises(ProcessFailed, match="worker process 0 failed: ValueError: unknown policy 'nope'"):
+        run_tasks(tasks, functools.partial(get_policy, "nope"), progress=False, processes=2)
+    assert harness_leftovers(tmp_path) == []
+
+
 # --------------------------------------------------------------------------- bad tasks
 
 
@@ -220,33 +279,71 @@ def _final(output: Path) -> dict:
     return normalize({"summary": summary, "tasks": results["tasks"]})
 
 
-def test_eval_killed_midway_resumes_to_the_same_results(tmp_path):
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone(pids: list[int], timeout: float = 120) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(map(_alive, pids)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("processes, kill", [("1", "group"), ("2", "parent")],
+                         ids=["one-process", "two-processes-parent-only"])
+def test_eval_killed_midway_resumes_to_the_same_results(tmp_path, processes, kill):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     whole = tmp_path / "whole.json"
-    proc = _eval(tmp, whole)
+    proc = _eval(tmp, whole, "--processes", processes)
     assert proc.wait(timeout=600) == 0, proc.stderr.read()
 
     killed = tmp_path / "killed.json"
-    proc = _eval(tmp, killed)
+    proc = _eval(tmp, killed, "--processes", processes)
     _wait_for_records(killed.with_name("killed.episodes.jsonl"), 3, proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, as a crash or an OOM kill would
-    proc.wait()
+    if kill == "group":
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, as a crash or an OOM kill would
+        proc.wait()
+    else:  # only eval.py: its worker processes must notice, stop their episodes and exit on their own
+        workers = _children(proc.pid)
+        assert workers
+        proc.kill()
+        proc.wait()
+        assert _gone(workers), "worker processes outlived eval.py"
     assert not killed.exists()
-    proc = _eval(tmp, killed, "--resume")
+    proc = _eval(tmp, killed, "--resume", "--processes", processes)
     assert proc.wait(timeout=600) == 0, proc.stderr.read()
     assert _final(killed) == _final(whole)
     assert read_results(killed.with_name("killed.episodes.jsonl")) == json.loads(killed.read_text())["tasks"]
     assert harness_leftovers(tmp) == []
 
 
-def test_eval_sigint_exits_130_with_a_resume_line_and_keeps_records(tmp_path):
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_eval_sigint_exits_130_with_a_resume_line_and_keeps_records(tmp_path, processes):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     output = tmp_path / "r.json"
     episodes = output.with_name("r.episodes.jsonl")
     # 30 episodes: the signal must land while episodes are left, even on a loaded machine
-    proc = _eval(tmp, output, samples=6)
+    proc = _eval(tmp, output, "--processes", processes, samples=6)
     _wait_for_records(episodes, 2, proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
