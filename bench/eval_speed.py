@@ -9,7 +9,8 @@ the set's sorted ids and copied to a temporary directory, so the old eval.py, wh
 plays the very same tasks), greedy, `--max-turns` x `--max-new-tokens`:
 
 - `old`: `<--old>/eval.py --workers 2` (commit bfacb17: two worker processes, one torch thread each, one
-  sequence at a time, every turn prefilled from the start of the conversation), run with this repository's venv;
+  sequence at a time, every turn prefilled from the start of the conversation), run with this repository's venv
+  and this repository's model architectures registered (so it loads today's checkpoints);
 - `new`: this checkout's `eval.py --config recipes/tiny/eval.yaml --workers W` (one process, the runner,
   batched generation on one thread, the prefix cache: a turn prefills only what the episode's previous turn
   did not already hold);
@@ -54,6 +55,14 @@ PATCHED = {"new-noreuse": "import runpy, sys, nanocomposer.policy as p; p.DEFAUL
                            + _RUN_EVAL}
 
 
+# The old eval.py, with today's model architectures registered first (today's default base is a model type
+# the old code predates; its forked worker processes inherit the registration). argv[1]: smeared_llama.py.
+OLD_EVAL = ("import importlib.util, runpy, sys; "
+            "spec = importlib.util.spec_from_file_location('bench_smeared_llama', sys.argv[1]); "
+            "spec.loader.exec_module(importlib.util.module_from_spec(spec)); "
+            "sys.argv = ['eval.py', *sys.argv[2:]]; runpy.run_path('eval.py', run_name='__main__')")
+
+
 def task_dirs(root: Path) -> list[Path]:
     """The task directories directly under `root` (those holding task.json), sorted by name."""
     dirs = sorted(p for p in root.iterdir() if (p / "task.json").is_file())
@@ -74,8 +83,9 @@ def arm_command(arm: str, args, tasks: Path, output: Path) -> tuple[list[str], P
     budget = ["--max-turns", str(args.max_turns), "--max-new-tokens", str(args.max_new_tokens),
               "--temperature", "0", "--max-output-chars", "2000", "--max-wall-s", "300"]
     if arm == "old":
-        return ([python, "eval.py", "--tasks", str(tasks), "--policy", str(args.policy), "--workers", "2",
-                 "--backend", "transformers", "--output", str(output), "--quiet", *budget], Path(args.old))
+        return ([python, "-c", OLD_EVAL, str(REPO_ROOT / "nanocomposer" / "smeared_llama.py"), "--tasks", str(tasks),
+                 "--policy", str(args.policy), "--workers", "2", "--backend", "transformers", "--output",
+                 str(output), "--quiet", *budget], Path(args.old))
     head = [python, "-c", PATCHED[arm]] if arm in PATCHED else [python, "eval.py"]
     processes = "2" if arm == "new-processes2" else "1"
     return ([*head, "--config", "recipes/tiny/eval.yaml", "--tasks", str(tasks), "--policy", str(args.policy),

@@ -15,9 +15,12 @@ steps without.
 
 Implementation: rotary embeddings compose (R_j = R_1 R_{j-1}), so the mix can be taken after rotation from the
 keys attention already has: key'_j = w R_j k_j + (1 - w) R_1 (R_{j-1} k_{j-1}). The KV cache therefore stores
-the usual rotated keys (any transformers cache, our batched decode cache and its prefix cache work unchanged)
-and the mix is recomputed over the cached keys at every forward (one multiply-add per cached key, beside the
-attention over the same keys). A key whose predecessor its query cannot see (left padding, a packed document's
+the usual rotated keys (any transformers cache, our batched decode cache and its prefix cache work unchanged).
+A forward over as many queries as keys (training, a first prefill) mixes the keys, then runs the configured
+attention. A forward of few queries over many cached keys (decoding) mixes the scores instead,
+w (q . k_j) + (1 - w) ((R_-1 q) . k_{j-1}): one matmul of the query and its back-rotation against the cache,
+since mixing the cached keys again at every decoded token took several passes over all of them (measured:
+batched greedy decoding 5.8x slower than a plain Llama of the same shape that way, 1.15x this way). A key whose predecessor its query cannot see (left padding, a packed document's
 first token, the very first position) mixes with zero instead, so a row scores the same padded or alone.
 
 Loaded like any checkpoint (`AutoModelForCausalLM.from_pretrained(dir)`) once this module is imported, which
@@ -87,6 +90,39 @@ class SmearedKeyAttention(LlamaAttention):
         own = torch.sigmoid(self.key_smear_logit).to(keys.dtype)[None, :, None, None]
         return own * keys + (1 - own) * previous
 
+    def attend_smeared_scores(self, query, keys, values, attention_mask):
+        """Attention with smeared keys, smeared in score space: q . (w k_j + (1 - w) R_1 k_{j-1}) =
+        w (q . k_j) + (1 - w) ((R_-1 q) . k_{j-1}), so the query and its one-position back-rotation meet the
+        cached keys in one matmul and nothing of the size of the cache is built per step (smearing the cached
+        keys themselves costs several passes over all of them at every decoded token). Same result as
+        `smear` + attention; used when few queries meet many cached keys (decoding, prefix-cached prefill)."""
+        batch, _, q_len, _ = query.shape
+        k_len = keys.shape[-2]
+        keys = modeling_llama.repeat_kv(keys, self.num_key_value_groups)
+        values = modeling_llama.repeat_kv(values, self.num_key_value_groups)
+        one = torch.ones((1, 1), dtype=torch.long, device=query.device)
+        cos, sin = self.rotary_one(query, one)
+        back = query * cos[:, None] - rotate_half(query) * sin[:, None]  # R_1 transposed: back by one position
+        scores = torch.matmul(torch.cat([query, back], dim=2), keys.transpose(2, 3))
+        previous = torch.nn.functional.pad(scores[:, :, q_len:], (1, 0))[..., :-1]  # key j: (R_-1 q) . k_{j-1}
+        visible = previous_key_visible(attention_mask, batch, q_len, k_len, query.device).to(query.dtype)
+        own = torch.sigmoid(self.key_smear_logit).to(query.dtype).repeat_interleave(self.num_key_value_groups)
+        own = own[None, :, None, None]
+        weights = (own * scores[:, :, :q_len] + (1 - own) * visible.view(batch, 1, 1, k_len) * previous) * self.scaling
+        if attention_mask is None:  # causal: query i is at position k_len - q_len + i
+            rows = torch.arange(q_len, device=query.device)[:, None] + (k_len - q_len)
+            attention_mask = torch.arange(k_len, device=query.device)[None, :] <= rows
+        else:
+            attention_mask = attention_mask[..., :k_len]
+        if attention_mask.dtype == torch.bool:
+            weights = weights.masked_fill(~attention_mask, torch.finfo(weights.dtype).min)
+        else:
+            weights = weights + attention_mask
+        weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+        weights = nn.functional.dropout(weights, p=self.attention_dropout if self.training else 0.0,
+                                        training=self.training)
+        return torch.matmul(weights, values).transpose(1, 2).contiguous(), weights
+
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
@@ -97,6 +133,10 @@ class SmearedKeyAttention(LlamaAttention):
         query_states, key_states = modeling_llama.apply_rotary_pos_emb(query_states, key_states, cos, sin)
         if cache is not None:
             key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+        if query_states.shape[-2] < key_states.shape[-2]:  # decoding over cached keys: smear the scores instead
+            attn_output, attn_weights = self.attend_smeared_scores(query_states, key_states, value_states,
+                                                                   attention_mask)
+            return self.o_proj(attn_output.reshape(*input_shape, -1).contiguous()), attn_weights
         key_states = self.smear(key_states, attention_mask, query_states.shape[-2])
         attention = modeling_llama.ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, modeling_llama.eager_attention_forward)

@@ -18,7 +18,7 @@ def smeared(seed: int = 0, **overrides) -> SmearedKeyLlamaForCausalLM:
     model = SmearedKeyLlamaForCausalLM(SmearedKeyLlamaConfig(**{**SIZES, **overrides})).eval()
     with torch.no_grad():  # distinct mixes per head, so a wrong head order or broadcast shows
         for layer in model.model.layers:
-            layer.self_attn.key_smear_logit.copy_(torch.linspace(-1.5, 1.5, SIZES["num_key_value_heads"]))
+            layer.self_attn.key_smear_logit.copy_(torch.linspace(-1.5, 1.5, model.config.num_key_value_heads))
     return model
 
 
@@ -40,6 +40,25 @@ def test_left_padding_and_cached_decoding_score_like_the_row_alone(attention):
         steps = [model(x[:, :25], cache=cache, use_cache=True).logits]
         steps += [model(x[:, t:t + 1], cache=cache, use_cache=True).logits for t in range(25, 40)]
         assert torch.allclose(torch.cat(steps, 1), alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_padded_grouped_query_chunks_over_a_cache_score_like_the_whole_row(attention):
+    """Several queries over cached keys (a prefix-cached prefill, then decoding) take the score-space smear:
+    with grouped-query heads and left padding it gives what the whole padded row gives in one forward."""
+    model = smeared(num_key_value_heads=2)
+    model.config._attn_implementation = attention
+    x = ids(40, 2)
+    padded = torch.cat([torch.zeros(1, 5, dtype=torch.long), x], 1)
+    mask = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 40, dtype=torch.long)], 1)
+    with torch.no_grad():
+        whole = model(padded, attention_mask=mask).logits
+        cache = DynamicCache(config=model.config)
+        chunks = []
+        for start, stop in ((0, 20), (20, 31), (31, 32), (32, 45)):
+            chunks.append(model(padded[:, start:stop], attention_mask=mask[:, :stop], cache=cache,
+                                use_cache=True).logits)
+        assert torch.allclose(torch.cat(chunks, 1)[:, 5:], whole[:, 5:], atol=1e-5)
 
 
 def test_packed_documents_do_not_smear_into_each_other():
