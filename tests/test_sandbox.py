@@ -336,3 +336,15 @@ def test_root_without_setpriv_falls_back_to_host_root_loudly(ws: Path, monkeypat
         monkeypatch.undo()
         sandbox_module._bwrap_identity.cache_clear()
     assert bwrap_host_uid() == 65534
+
+
+def test_the_python_on_the_sandbox_path_is_one_the_sandbox_mounts(tmp_path, monkeypatch):
+    """The venv's bin on a sandboxed command's PATH lies under a mounted python root, also when the venv
+    is reached through a symlink (the mounts are resolved paths; a symlinked PATH entry found no python)."""
+    link = tmp_path / "venv-link"
+    link.symlink_to(Path(sys.prefix).resolve(), target_is_directory=True)
+    for prefix in (sys.prefix, str(link)):
+        monkeypatch.setattr(sys, "prefix", prefix)
+        venv_bin = Path(sandbox_module._child_env(None)["PATH"].split(":")[0])
+        roots = sandbox_module._python_roots()
+        assert any(venv_bin.is_relative_to(root) for root in roots) or venv_bin.is_relative_to("/usr"), (venv_bin, roots)
