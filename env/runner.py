@@ -599,6 +599,14 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
         raise ValueError(f"run_tasks: samples={samples}, concurrency={concurrency} and processes={processes} "
                          "must be >= 1")
     config = config or EpisodeConfig()
+    if processes > 1:
+        import pickle
+
+        try:
+            pickle.dumps((make_policy, seed_policy))
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise ValueError(f"run_tasks: processes={processes} needs a picklable make_policy and seed_policy (a "
+                             f"module-level function or a functools.partial of one): {e}") from None
     refs = [_loaded(t if isinstance(t, TaskRef) else TaskRef(t)) for t in tasks]
     jobs = [_Job(i * samples + s, ref, s, seed + s) for i, ref in enumerate(refs) for s in range(samples)]
     path = Path(results_path) if results_path is not None else None

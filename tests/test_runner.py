@@ -177,6 +177,8 @@ def test_a_worker_that_dies_or_fails_is_named_and_its_finished_work_kept(tmp_pat
     with pytest.raises(ResultsFileError, match="holds episodes of policy 'gold', not 'noop'"):
         run_tasks(tasks + [make_calc_task(tmp_path / c, f"calc-{c}") for c in "ef"], functools.partial(get_policy, "noop"),
                   results_path=path, resume=True, progress=False, processes=2)
+    with pytest.raises(ValueError, match="processes=2 needs a picklable make_policy"):
+        run_tasks(tasks, lambda: GoldPolicy(), progress=False, processes=2)
     with pytest.raises(ProcessFailed, match="worker process 0 failed: ValueError: unknown policy 'nope'"):
         run_tasks(tasks, functools.partial(get_policy, "nope"), progress=False, processes=2)
     assert harness_leftovers(tmp_path) == []
