@@ -227,8 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         command = shlex.join(["python", "eval.py", *(sys.argv[1:] if argv is None else argv)])
         print(f"eval.py: {e}; resume with: {command}{'' if args.resume else ' --resume'}", file=sys.stderr)
         return 130
-    except (ResultsFileError, ProcessFailed) as e:
+    except ResultsFileError as e:
         return fail(str(e))
+    except ProcessFailed as e:  # not a bad argument: exit 1, with what finished on disk for --resume
+        print(f"eval.py: error: {e}", file=sys.stderr)
+        return 1
     if args.policy:
         if not args.quiet:
             reporting.print_table(results[labels[0]], f"{args.policy} on {' '.join(args.tasks)}")

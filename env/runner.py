@@ -434,16 +434,16 @@ def _die_with_parent() -> None:
         pass
 
 
-def _worker_main(number: int, jobs: list[_Job], make_policy, config: EpisodeConfig, runner_args: dict,
-                 job_queue, results) -> None:
+def _worker_main(number: int, parent: int, jobs: list[_Job], make_policy, config: EpisodeConfig,
+                 runner_args: dict, job_queue, results) -> None:
     """One worker process: build the policy, play jobs from the queue, send each record to the parent."""
     _die_with_parent()
-    parent, runner = os.getppid(), None
+    runner = None
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
         runner = Runner(_JobFeed(jobs, job_queue), make_policy, config, **runner_args)
         with _StopSignals():
-            if os.getppid() != parent:  # the parent died before the death signal was set
+            if os.getppid() != parent:  # the parent died before the death signal was set (we were reparented)
                 raise KeyboardInterrupt
             runner.run(lambda record, traj: results.put(("record", number, record)))
     except KeyboardInterrupt:
@@ -474,14 +474,14 @@ def _run_in_processes(jobs: list[_Job], make_policy, config: EpisodeConfig, proc
     for _ in range(processes):
         job_queue.put(None)
     workers = [context.Process(target=_worker_main, name=f"episodes-{n}", daemon=True,
-                               args=(n, jobs, make_policy, config, runner_args, job_queue, results))
+                               args=(n, os.getpid(), jobs, make_policy, config, runner_args, job_queue, results))
                for n in range(processes)]
     ended: dict[int, str] = {}  # worker number -> how it ended
-    deliver = [True]  # records still go to on_record (not after on_record itself failed)
+    deliver = True  # records still go to on_record (not after on_record itself failed)
 
     def handle(kind: str, number: int, payload) -> None:
         if kind == "record":
-            if not deliver[0]:
+            if not deliver:
                 return
             status = payload.get("exit_status")
             failed = status in (ExitStatus.INVALID_TASK.value, ExitStatus.HARNESS_ERROR.value)
@@ -512,7 +512,7 @@ def _run_in_processes(jobs: list[_Job], make_policy, config: EpisodeConfig, proc
             while len(ended) < processes:
                 pump(0.5)
     except BaseException as e:  # Ctrl-C, SIGTERM, or this process failing: stop every worker cleanly
-        deliver[0] = isinstance(e, KeyboardInterrupt)  # episodes finished while stopping are kept
+        deliver = isinstance(e, KeyboardInterrupt)  # episodes finished while stopping are kept
         for worker in workers:
             if worker.is_alive():
                 worker.terminate()  # SIGTERM: the worker abandons its episodes and says "stopped"

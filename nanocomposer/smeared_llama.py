@@ -102,7 +102,7 @@ class SmearedKeyAttention(LlamaAttention):
         w (q . k_j) + (1 - w) ((R_-1 q) . k_{j-1}), so the query and its one-position back-rotation meet the
         cached keys in one matmul and nothing of the size of the cache is built per step (smearing the cached
         keys themselves costs several passes over all of them at every decoded token). Same result as
-        `smear` + attention; used when few queries meet many cached keys (decoding, prefix-cached prefill)."""
+        `smear` + attention; used when few queries meet many cached keys (SCORE_SMEAR_MAX_QUERIES: decoding)."""
         batch, _, q_len, _ = query.shape
         k_len = keys.shape[-2]
         keys = modeling_llama.repeat_kv(keys, self.num_key_value_groups)
