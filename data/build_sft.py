@@ -173,6 +173,8 @@ def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, li
 def _token_stats(rows: list[dict], tokenizer_path: str) -> dict:
     from transformers import AutoTokenizer
 
+    import nanocomposer.smeared_llama  # noqa: F401  (registers the model type a checkpoint's config names)
+
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     lengths = sorted(len(tok.apply_chat_template(r["messages"], tools=json.loads(r["tools"]), tokenize=True,
                                                  return_dict=False))

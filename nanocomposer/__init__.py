@@ -1,8 +1,8 @@
 """nanocomposer: the model side of the project (stages' library, policies, generation, the real-time loop).
 
-Importing the package registers the smeared-key Llama (`nanocomposer.smeared_llama`) with transformers' Auto
-classes, so every loader in the project (ours, TRL's, transformers') reads the embedded base and its trained
-checkpoints with plain `AutoModelForCausalLM.from_pretrained(dir)`.
+Importing `nanocomposer.smeared_llama` registers the smeared-key Llama with transformers' Auto classes, so
+every loader (ours, TRL's, transformers') reads the embedded base and its trained checkpoints with plain
+`AutoModelForCausalLM.from_pretrained(dir)`. Every module here that loads a model or a tokenizer imports it
+(tests/test_layers.py checks); the package itself does not, so what needs no model (the agent's bad-input
+checks, its session store and registry commands) starts without importing torch and transformers (~7 s).
 """
-
-from nanocomposer import smeared_llama  # noqa: F401  (registration is the import's effect)

@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import nanocomposer.smeared_llama  # noqa: F401  (registers the embedded base's model type)
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)

@@ -25,8 +25,9 @@ chunks over a cache (a prefix-cached prefill) mix the keys: `SCORE_SMEAR_MAX_QUE
 predecessor its query cannot see (left padding, a packed document's first token, the very first position)
 mixes with zero instead, so a row scores the same padded or alone.
 
-Loaded like any checkpoint (`AutoModelForCausalLM.from_pretrained(dir)`) once this module is imported, which
-`import nanocomposer` does (its `__init__` registers the config and model with transformers' Auto classes).
+Loaded like any checkpoint (`AutoModelForCausalLM.from_pretrained(dir)`) once this module is imported (it
+registers the config and model with transformers' Auto classes; every project module that loads a model or a
+tokenizer imports it).
 vLLM has no such architecture: its backend refuses this model type with a one-line error; serve it with the
 transformers backend. Only the default rotary embedding (no scaling) is supported: other rope types scale
 cos/sin, and a one-position rotation would then not be a pure rotation.

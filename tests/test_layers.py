@@ -101,3 +101,54 @@ def test_the_import_walker_sees_lazy_and_relative_imports(tmp_path):
     assert {"os", "nanocomposer.policy", "nanocomposer.policy.ModelPolicy", "torch.nn"} <= names
     assert imports(fake, module_level_only=True) == {"os"}
     assert "env.tasks.Task" in imports(ROOT / "env" / "episode.py", module_level_only=True)
+
+
+# Modules that load a checkpoint or a tokenizer (they import transformers or TRL, or call from_pretrained) but
+# need no registration, with why.
+LOADING_NAMES = {"AutoModel", "AutoModelForCausalLM", "AutoTokenizer", "AutoConfig", "AutoProcessor"}
+LOADS_NO_CHECKPOINT = {
+    "data.build_corpus": "trains the tokenizer that artifacts/base is then built with: no model type exists yet",
+}
+
+
+def test_every_module_that_loads_checkpoints_registers_the_embedded_architecture():
+    """The smeared-key Llama is registered by importing nanocomposer.smeared_llama, not by importing the package
+    (so the agent's light paths skip torch): every module that can load a checkpoint must reach it through its
+    imports (its own lazy ones count: they run before the call they precede), or `from_pretrained` on the embedded
+    base fails (AutoModel) or warns (AutoTokenizer)."""
+    paths = {module_name(p): p for p in all_modules()}
+    graph = {name: {m for m in imports(path, module_level_only=True) if m in paths and m != name}
+             for name, path in paths.items()}
+
+    def closure(name: str) -> set[str]:
+        seen = {m for m in imports(paths[name]) if m in paths}
+        todo = list(seen)
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    def loads(path: Path) -> bool:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        return any(isinstance(node, ast.Attribute) and node.attr == "from_pretrained" for node in ast.walk(tree)) \
+            or any(n.split(".")[0] in {"transformers", "trl"} and n.split(".")[-1] in LOADING_NAMES
+                   for n in imports(path))
+
+    loaders = {name for name, path in paths.items() if loads(path)}
+    assert {"nanocomposer.policy", "nanocomposer.common"} <= loaders  # the scan sees the loaders
+    missing = sorted(name for name in loaders - set(LOADS_NO_CHECKPOINT) - {"nanocomposer.smeared_llama"}
+                     if "nanocomposer.smeared_llama" not in closure(name))
+    assert not missing, f"these load checkpoints without registering the architecture first: {missing}"
+
+
+def test_the_agents_light_modules_do_not_import_torch():
+    """`agent.py` refuses bad input, lists sessions and registry versions without the training stack."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nanocomposer.agent.changes, nanocomposer.agent.store, nanocomposer.agent.registry, "
+            "nanocomposer.agent.manager; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

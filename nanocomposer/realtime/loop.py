@@ -288,6 +288,8 @@ class Loop:
             store = SessionStore(self.db)
             from transformers import AutoTokenizer
 
+            import nanocomposer.smeared_llama  # noqa: F401  (registers the model type the checkpoint names)
+
             eos = AutoTokenizer.from_pretrained(self.registry.spec(s.current)).eos_token_id
             items = []
             try:
