@@ -24,8 +24,13 @@ demo: $(STAMP)
 data: $(STAMP)
 	bash runs/data.sh
 
+# Test files run on TEST_WORKERS pytest processes (pytest-xdist), a whole file to each, so a module's fixtures
+# (a built model, a dry run) are made once; most tests wait on subprocesses, sandboxes and servers, so 2
+# processes on 2 cores take about half the time of one.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
 	@$(MAKE) --no-print-directory test-sandbox-user
 
 # The sandbox promises different things to root and to a normal user (env/sandbox.py docstring), so its

@@ -1,7 +1,9 @@
 """The HumanEval adapter (data/humaneval.py): task layout, gold and noop through our sandbox, and decontamination.
 
-Timing (2 cores, --workers 2): gold on all 164 tasks ~63 s, noop ~42 s, so the full check is ~1.8 min. It
-is marked slow (CI still runs it: `make test` deselects nothing); the default part checks a spread sample.
+Timing (2 cores, --workers 2): gold on all 164 tasks ~40 s, noop ~30 s. The slow test plays gold on all 164
+(every problem's tests must pass with its canonical solution) and noop on a spread quarter (a prompt whose
+tests pass unchanged would be a vacuous task: a leak of the solution into the workspace shows on any sample);
+it is marked slow (CI still runs it: `make test` deselects nothing). The default part checks a spread sample.
 """
 
 import ast
@@ -69,11 +71,11 @@ def test_gold_solves_and_noop_fails_a_sample(humaneval_dir):
 
 
 @pytest.mark.slow
-def test_gold_solves_all_164_and_noop_none(humaneval_dir):
+def test_gold_solves_all_164_and_noop_none_of_a_spread_quarter(humaneval_dir):
     tasks = load_task_set(humaneval_dir)
     gold = _run(tasks, "gold")
     assert gold["summary"]["solved"] == 164, [t["id"] for t in gold["tasks"] if not t["solved"]]
-    noop = _run(tasks, "noop")
+    noop = _run(spread_subset(tasks, 41), "noop")
     assert noop["summary"]["solved"] == 0, [t["id"] for t in noop["tasks"] if t["solved"]]
 
 
