@@ -27,7 +27,7 @@ $PY train_sft.py --config recipes/tiny/sft.yaml --run "$RUN" --model_name_or_pat
 stage "3. GRPO in the harness -> runs/$RUN/rl"
 $PY train_rl.py --config recipes/tiny/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft"
 
-stage "4. eval: SFT vs RL on the held-out tasks (val and test projects and ladder seeds, never trained on)"
+stage "4. eval: SFT vs RL on the held-out test split (projects and ladder seeds never trained on or checked during training)"
 # Only checkpoints that can call tools are played: the base and CPT rows are their held-out code loss and
 # in-context copy accuracy (the model card runs/$RUN/cpt/README.md and W&B), not 500 episodes of no_tool_call.
 $PY eval.py --config recipes/tiny/eval.yaml --compare "runs/$RUN/sft" "runs/$RUN/rl" --workers 8 \
