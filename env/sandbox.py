@@ -24,7 +24,8 @@ v1 pids, both as root and as a normal user; tests/test_sandbox_attacks.py plays 
 - Filesystem: a fresh mount namespace whose root is an empty tmpfs. Read-only binds of /usr (and
   /bin, /lib, /lib64, /sbin as the symlinks or dirs they are), a minimal /etc (only the entries in
   `_ETC_ENTRIES`: TLS roots are /etc/ssl/certs and ca-certificates, never /etc/ssl/private; no
-  shadow, no ssh keys), the Python installation (`sys.base_prefix`, `sys.prefix`), a fresh /proc, a
+  shadow, no ssh keys), the Python installation (`sys.base_prefix`, `sys.prefix`, resolved; a prefix
+  reached through a symlink gets the same link inside, so `sys.executable` runs there), a fresh /proc, a
   minimal /dev, private size-capped tmpfs /tmp (`Limits.tmp_mb`) and /dev/shm (`Limits.shm_mb`),
   and the workspace bound read-write at its real path and used as cwd. Nothing else of the host
   exists: not /root, not /work/main, not the repo's .git, not the host /tmp.
@@ -190,6 +191,21 @@ def _python_roots() -> list[Path]:
             continue
         roots = [r for r in roots if not r.is_relative_to(real)] + [real]
     return roots
+
+
+def _python_aliases(roots: list[Path]) -> list[tuple[Path, Path]]:
+    """(path as the host names it, resolved path) for each python prefix reached through a symlink (a venv
+    linked into a checkout): bwrap mounts the resolved roots, and a command naming `sys.executable` by its
+    unresolved path (tests, tools that spawn themselves) would find nothing there without a link to them."""
+    aliases: list[tuple[Path, Path]] = []
+    for p in (sys.base_prefix, sys.prefix):
+        named, real = Path(os.path.abspath(p)), Path(p).resolve()
+        if named == real or named.is_relative_to("/usr") or any(named == a for a, _ in aliases):
+            continue
+        if any(named.is_relative_to(r) or r.is_relative_to(named) for r in roots):
+            continue  # inside (or around) a mounted root: a link there would shadow or be shadowed by it
+        aliases.append((named, real))
+    return aliases
 
 
 def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
@@ -555,9 +571,13 @@ def _bwrap_argv(workspace: Path, limits: Limits) -> list[str]:
              "--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
     made = {Path(p) for p in ("/usr", "/etc", "/proc", "/dev", "/tmp")}
     # After the tmpfs: a venv or workspace under /tmp would otherwise be hidden by it.
-    for root in _python_roots():
+    roots = _python_roots()
+    for root in roots:
         args += [*_parent_dirs_args(root, made), "--ro-bind", str(root), str(root)]
         made.add(root)
+    for named, real in _python_aliases(roots):
+        args += [*_parent_dirs_args(named, made), "--symlink", str(real), str(named)]
+        made.add(named)
     return args + [*_parent_dirs_args(workspace, made), "--bind", str(workspace), str(workspace),
                    "--chdir", str(workspace), "--"]
 

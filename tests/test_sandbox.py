@@ -338,6 +338,21 @@ def test_root_without_setpriv_falls_back_to_host_root_loudly(ws: Path, monkeypat
     assert bwrap_host_uid() == 65534
 
 
+def test_a_venv_reached_through_a_symlink_runs_by_its_linked_path(tmp_path, ws, monkeypatch):
+    """A checkout whose .venv is a symlink: the interpreter's unresolved path (sys.executable, what tests and
+    self-spawning tools name) must exist inside the sandbox too, not only the resolved mount."""
+    _backend("bwrap")
+    link = tmp_path / "linked" / "venv"
+    link.parent.mkdir()
+    link.symlink_to(Path(sys.prefix).resolve(), target_is_directory=True)
+    monkeypatch.setattr(sys, "prefix", str(link))
+    r = Sandbox(ws, backend="bwrap").run([str(link / "bin" / "python"), "-c", "import sys; print(6 * 7)"],
+                                         timeout_s=30)
+    assert r.returncode == 0 and r.output.strip() == "42", r
+    r = Sandbox(ws, backend="bwrap").run(["ls", str(tmp_path)], timeout_s=30)
+    assert sorted(r.output.split()) == ["linked", "ws"], r  # the link and the workspace, nothing else of tmp_path
+
+
 def test_the_python_on_the_sandbox_path_is_one_the_sandbox_mounts(tmp_path, monkeypatch):
     """The venv's bin on a sandboxed command's PATH lies under a mounted python root, also when the venv
     is reached through a symlink (the mounts are resolved paths; a symlinked PATH entry found no python)."""
