@@ -320,6 +320,9 @@ class TransformersGenerator:
         self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
         self.padded_prefill = padded_prefill
         self.prefix_cache = PrefixCache(prefix_cache_positions)
+        # what the decode steps of this generator's streams read (bench/decode_traffic.py): per step the rows
+        # decoded, the cache positions attention read (rows x window) and those holding the rows' own tokens
+        self.decode_stats = {"steps": 0, "row_steps": 0, "attended_positions": 0, "context_positions": 0}
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached prefix (after the weights changed)."""
@@ -770,6 +773,11 @@ class DecodeStream:
         self._make_room(0, 0)
         _, _, length = self._layout
         live, start = len(self.rows), self.cache.layers[0].start
+        counts = self.generator.decode_stats
+        counts["steps"] += 1
+        counts["row_steps"] += live
+        counts["attended_positions"] += live * (length + 1 - start)
+        counts["context_positions"] += sum(length + 1 - row.begin for row in self.rows)
         self.mask[:live, length] = 1
         self.positions = self.positions + 1
         out = self.generator.model(input_ids=tokens[:, None], attention_mask=self.mask[:live, start:length + 1],

@@ -198,3 +198,30 @@ def test_the_layout_plan_keeps_every_row_and_fits_every_joining_prompt():
         assert new_rows >= len(begins) + joining and new_capacity >= capacity and new_rows >= rows, case
         if begins and longest <= length < capacity:
             assert (new_rows, new_capacity, shift) == (max(rows, new_rows), capacity, 0)  # nothing moves
+
+
+def test_decode_counters_and_the_traffic_they_imply(policy, prompts):
+    """Two rows that never stop (no stop id), joined together: every step reads both rows over the longer
+    one's window, and the counters (bench/decode_traffic.py's input) say exactly that."""
+    from bench.decode_traffic import traffic
+
+    sampling = SamplingConfig(max_new_tokens=5)
+    generator = TransformersGenerator(policy.model, [policy.model.config.vocab_size + 1])
+    stream = generator.stream(sampling)
+    short, long = prompts[0], prompts[2]  # 3 and 700 tokens
+    stream.add("s", short, 0)
+    stream.add("l", long, 1)
+    results, _ = _drain(stream, [])
+    assert {k: len(r.ids) for k, r in results.items()} == {"s": 5, "l": 5}
+    # the first token of each comes from its prefill; the other 4 each take one decode step over both rows
+    steps = 4
+    context = sum(len(short) + t + len(long) + t for t in range(1, steps + 1))
+    window = sum(2 * (len(long) + t) for t in range(1, steps + 1))
+    assert generator.decode_stats == {"steps": steps, "row_steps": 2 * steps, "attended_positions": window,
+                                      "context_positions": context}
+    config = policy.model.config
+    report = traffic(generator.decode_stats, config, parameters=1000, element_bytes=4)
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    assert report["kv_bytes_per_position"] == kv and report["mean_rows"] == 2.0
+    assert report["mb_per_token_one_at_a_time"] == round((4000 + context / 8 * kv) / 1e6, 2)
+    assert report["window_over_context"] == round(window / context, 3) > 1.9
