@@ -631,8 +631,11 @@ class DecodeStream:
             raise ValueError("DecodeStream.add: an empty prompt (a causal LM needs a token to condition on)")
         self.queue.append((key, list(prompt), int(seed)))
 
-    def step(self) -> list[tuple[object, Result]]:
-        """Admit the queued sequences, then decode until at least one finishes; the finished ones."""
+    def step(self, max_steps: int | None = None) -> list[tuple[object, Result]]:
+        """Admit the queued sequences, then decode until at least one finishes (or `max_steps` decode steps
+        ran: a server admits the requests that arrived meanwhile sooner); the finished ones."""
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"DecodeStream.step: max_steps={max_steps} must be >= 1 (or None)")
         model = self.generator.model
         was_training = model.training
         model.eval()
@@ -642,7 +645,9 @@ class DecodeStream:
         try:
             with grad_off, torch.random.fork_rng(devices=devices):
                 finished += self._admit()
-                while self.rows and not finished:
+                steps = 0
+                while self.rows and not finished and (max_steps is None or steps < max_steps):
+                    steps += 1
                     try:
                         finished += self._decode_step()
                     except Exception as e:  # noqa: BLE001  (returned to the rows it was decoding)

@@ -648,10 +648,11 @@ class PolicyStream:
         self.stream.add(key, prompt_ids, self.policy.seed_of(request))
         return None
 
-    def step(self) -> list[tuple[object, Generation | BaseException]]:
-        """Decode until at least one queued or running request finishes; (key, Generation or error) of each."""
+    def step(self, max_steps: int | None = None) -> list[tuple[object, Generation | BaseException]]:
+        """Decode until at least one queued or running request finishes, or for `max_steps` tokens; (key,
+        Generation or error) of each finished one."""
         with self.policy._generating():
-            finished = self.stream.step()
+            finished = self.stream.step(max_steps)
         out = []
         for key, result in finished:
             request, prompt_ids = self.pending.pop(key)

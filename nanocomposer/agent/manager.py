@@ -7,8 +7,11 @@ trajectory, diff) is one transaction. A session whose episode asks the user wait
 `answer()` delivers a reply or its answer timeout passes (then the scripted "no information" answer), and
 continues on the same worker.
 
-Each worker keeps the policy of the version it last served: a checkpoint is loaded once per worker, not per
-session (run_episode drives one policy per episode; the batched runner in env/runner.py is not used yet).
+A checkpoint version is loaded once for the whole server, as a `SharedPolicy`: every worker's turns go to one
+generation thread that decodes them together (continuous batching, as the eval runner does), so N concurrent
+sessions cost one model in memory and batched decode steps rather than N models generating alone. A promoted
+version's policy is built at its first session; the previous one is closed when its last session ends.
+Scripted policies (noop, oracle, replay) are per worker, as they keep per-episode state.
 
 Sampling is reproducible per session: a checkpoint policy samples each turn with a seed derived from the
 server's sampling seed (`ServerConfig.sampling["seed"]`, `agent.py serve --seed`), the session's sample key and
@@ -34,7 +37,8 @@ from env.tools import NO_INFORMATION
 from nanocomposer.agent.episodes import run_session, stage_repo, stage_task_dir
 from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import TERMINAL, SessionStore
-from nanocomposer.policies import build_policy, seed_policy
+from nanocomposer.policies import build_policy, is_scripted, seed_policy
+from nanocomposer.shared_policy import SharedPolicy
 
 
 class QueueFull(Exception):
@@ -67,6 +71,8 @@ class SessionManager:
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self.resumed: list[str] = []
+        self._load_lock = threading.Lock()  # one checkpoint load at a time (two workers asking for a new version)
+        self._shared: dict[str, list] = {}  # version -> [SharedPolicy, sessions using it]; guarded by _cond
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -87,6 +93,10 @@ class SessionManager:
         for session_id in running:
             self.store.finish(session_id, "interrupted", None, None, None,
                               reason="the server shut down while this session was running")
+        with self._cond:
+            shared, self._shared = [policy for policy, _ in self._shared.values()], {}
+        for policy in shared:
+            policy.close()
 
     def health(self) -> dict:
         with self._cond:
@@ -187,13 +197,49 @@ class SessionManager:
                 self._bump(session_id)
 
     def _policy(self, policies: dict, version: str):
-        if version not in policies:
-            policies.clear()  # one checkpoint in memory per worker
-            spec = self.registry.spec(version)
-            policy = build_policy(spec, self.config.sampling, self.config.backend)
-            seed_policy(policy, int(self.config.sampling.get("seed") or 0))  # build_policy leaves the seed out
-            policies[version] = policy
-        return policies[version]
+        """(policy for a session of `version`, the shared one's version or None): scripted specs per worker,
+        checkpoints shared by every worker (`_release` when the session ends)."""
+        spec = self.registry.spec(version)
+        if is_scripted(spec):
+            if version not in policies:
+                policies.clear()
+                policies[version] = self._build(spec)
+            return policies[version], None
+        with self._load_lock:
+            with self._cond:
+                entry = self._shared.get(version)
+                if entry is not None:
+                    entry[1] += 1
+                    return entry[0], version
+            shared = SharedPolicy(self._build(spec))  # a failed load raises here: this session fails alone
+            with self._cond:
+                if self._stopping:
+                    shared.close()
+                    raise RuntimeError("the server is shutting down")
+                self._shared[version] = [shared, 1]
+                # an earlier version nobody runs any more (its last session ended before this promotion)
+                idle = [v for v, (_, users) in self._shared.items() if users == 0 and v != version]
+                unused = [self._shared.pop(v)[0] for v in idle]
+        for policy in unused:
+            policy.close()
+        return shared, version
+
+    def _build(self, spec: str):
+        policy = build_policy(spec, self.config.sampling, self.config.backend)
+        seed_policy(policy, int(self.config.sampling.get("seed") or 0))  # build_policy leaves the seed out
+        return policy
+
+    def _release(self, version: str) -> None:
+        """A session of shared `version` ended: close its policy if no session uses it and it is not current."""
+        with self._cond:
+            entry = self._shared.get(version)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] > 0 or version == self.registry.current():
+                return
+            del self._shared[version]
+        entry[0].close()
 
     def _run(self, session_id: str, policies: dict) -> None:
         s = self.store.session(session_id)
@@ -202,7 +248,14 @@ class SessionManager:
         version = self.registry.current()
         if version is None:
             raise RuntimeError(f"registry {str(self.registry.root)!r} has no current version")
-        policy = self._policy(policies, version)
+        policy, shared = self._policy(policies, version)
+        try:
+            self._play(session_id, s, version, policy)
+        finally:
+            if shared is not None:
+                self._release(shared)
+
+    def _play(self, session_id: str, s: dict, version: str, policy) -> None:
         if s["source"] == "repo":
             task = stage_repo(Path(s["repo"]), s["instruction"], s["test_command"])
         else:
