@@ -346,8 +346,8 @@ def test_a_venv_reached_through_a_symlink_runs_by_its_linked_path(tmp_path, ws, 
     link.parent.mkdir()
     link.symlink_to(Path(sys.prefix).resolve(), target_is_directory=True)
     monkeypatch.setattr(sys, "prefix", str(link))
-    r = Sandbox(ws, backend="bwrap").run([str(link / "bin" / "python"), "-c", "import sys; print(6 * 7)"],
-                                         timeout_s=30)
+    python = link / "bin" / Path(sys.executable).name  # the venv's python, or the system's python3.X
+    r = Sandbox(ws, backend="bwrap").run([str(python), "-c", "import sys; print(6 * 7)"], timeout_s=30)
     assert r.returncode == 0 and r.output.strip() == "42", r
     r = Sandbox(ws, backend="bwrap").run(["ls", str(tmp_path)], timeout_s=30)
     assert sorted(r.output.split()) == ["linked", "ws"], r  # the link and the workspace, nothing else of tmp_path
