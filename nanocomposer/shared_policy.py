@@ -98,42 +98,60 @@ class SharedPolicy:
             return taken
 
     def _serve(self) -> None:
-        stream = self.policy.open_stream() if hasattr(self.policy, "open_stream") else None
         running: dict[int, Future] = {}
+        why = "closed"
         try:
-            while (taken := self._take(busy=bool(running))) is not None:
-                if stream is None:  # rounds: everything waiting is one act_batch call
-                    if taken:
-                        self._round(taken)
-                    continue
-                for request, future in taken:
-                    key = next(self._keys)
-                    error = stream.add(key, request)
-                    if error is not None:
-                        future.set_result(error)
-                    else:
-                        running[key] = future
-                if not running:
-                    continue
-                try:
-                    finished = stream.step(self.admit_every)
-                except Exception as e:  # noqa: BLE001  (a broken stream fails the turns it held, not the server)
-                    for future in running.values():
-                        future.set_result(e)
-                    running.clear()
-                    stream = self.policy.open_stream()
-                    continue
-                for key, result in finished:
-                    running.pop(key).set_result(result)
+            self._loop(running)
+        except BaseException as e:  # noqa: BLE001  (the thread must not die leaving callers blocked)
+            why = f"failed ({type(e).__name__}: {e})"
         finally:
-            for future in running.values():
+            with self._cond:  # no later request may wait on a thread that is gone
+                self._closed = True
+                waiting, self._waiting = self._waiting, []
+            for future in [*running.values(), *(f for _, f in waiting)]:
                 if not future.done():
-                    future.set_result(SharedPolicyClosed(f"policy {self.name!r} closed while this turn ran"))
+                    future.set_result(SharedPolicyClosed(f"policy {self.name!r} {why} before this turn ended"))
 
-    def _round(self, taken: list[tuple[TurnRequest, Future]]) -> None:
+    def _open_stream(self):
+        """The policy's stream, or None (served in rounds) where it has none or cannot open one."""
+        try:
+            return self.policy.open_stream() if hasattr(self.policy, "open_stream") else None
+        except Exception:  # noqa: BLE001  (rounds of act_batch still serve every request)
+            return None
+
+    def _loop(self, running: dict[int, Future]) -> None:
+        stream = self._open_stream()
+        while (taken := self._take(busy=bool(running))) is not None:
+            if stream is None:  # rounds: everything waiting is one act_batch call
+                if taken:
+                    self._round(taken, running)
+                continue
+            for request, future in taken:
+                key = next(self._keys)
+                error = stream.add(key, request)
+                if error is not None:
+                    future.set_result(error)
+                else:
+                    running[key] = future
+            if not running:
+                continue
+            try:
+                finished = stream.step(self.admit_every)
+            except Exception as e:  # noqa: BLE001  (a broken stream fails the turns it held, not the server)
+                for future in running.values():
+                    future.set_result(e)
+                running.clear()
+                stream = self._open_stream()
+                continue
+            for key, result in finished:
+                running.pop(key).set_result(result)
+
+    def _round(self, taken: list[tuple[TurnRequest, Future]], running: dict[int, Future]) -> None:
+        keys = [next(self._keys) for _ in taken]
+        running.update(zip(keys, (future for _, future in taken)))  # answered by _serve if this round kills it
         try:
             results = self.policy.act_batch([request for request, _ in taken])
         except Exception as e:  # noqa: BLE001
             results = [e] * len(taken)
-        for (_, future), result in zip(taken, results, strict=True):
-            future.set_result(result)
+        for key, result in zip(keys, results, strict=True):
+            running.pop(key).set_result(result)

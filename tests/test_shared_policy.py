@@ -149,3 +149,23 @@ def test_the_server_shares_one_policy_per_version_and_closes_a_replaced_one(tmp_
     assert c.policy.closed and set(manager._shared) == {"v2"}  # v1 had no session left: closed at this load
     manager.stop()
     assert d.policy.closed
+
+
+def test_a_generation_thread_that_dies_answers_every_caller_and_refuses_new_ones():
+    """Whatever kills the generation thread, no session blocks forever on it."""
+
+    class Dying:
+        name = "dying"
+
+        def open_stream(self):
+            raise RuntimeError("no stream today")  # falls back to rounds
+
+        def act_batch(self, requests):
+            raise SystemExit("the policy pulled the plug")  # not an Exception: ends the thread
+
+    shared = SharedPolicy(Dying())
+    (result,) = shared.act_batch(_requests(1))
+    assert isinstance(result, SharedPolicyClosed) and "SystemExit" in str(result)
+    with pytest.raises(SharedPolicyClosed):
+        shared.act_batch(_requests(1))
+    shared.close()

@@ -231,12 +231,16 @@ class SessionManager:
 
     def _release(self, version: str) -> None:
         """A session of shared `version` ended: close its policy if no session uses it and it is not current."""
+        try:
+            current = self.registry.current()
+        except Exception:  # noqa: BLE001  (an unreadable registry: the next session reloads what it needs)
+            current = None
         with self._cond:
             entry = self._shared.get(version)
             if entry is None:
                 return
             entry[1] -= 1
-            if entry[1] > 0 or version == self.registry.current():
+            if entry[1] > 0 or version == current:
                 return
             del self._shared[version]
         entry[0].close()
