@@ -83,12 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     from env.tasks import spread_subset
     from nanocomposer.policies import build_policy, seed_policy
 
+    if not Path(args.tasks).is_dir():
+        p.error(f"--tasks {args.tasks!r}: not a directory")
     dirs = sorted(d for d in Path(args.tasks).iterdir() if (d / "task.json").is_file())
     if not dirs:
         p.error(f"--tasks {args.tasks!r}: no task directories (with task.json) directly under it")
     dirs = dirs if args.limit is None else spread_subset(dirs, args.limit)
     budget = Budget(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, temperature=0.0)
-    policy = build_policy(str(args.policy), budget.sampling(), "transformers")
+    try:
+        policy = build_policy(str(args.policy), budget.sampling(), "transformers")
+    except (OSError, ValueError) as e:
+        p.error(f"--policy {args.policy!r}: {e}")
     generator = getattr(policy, "generator", None)
     if generator is None or not hasattr(generator, "decode_stats"):
         p.error(f"--policy {args.policy!r}: not a transformers checkpoint policy")
