@@ -18,6 +18,8 @@ import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from data import pyast
+
 
 @dataclass(frozen=True)
 class Mutation:
@@ -50,7 +52,7 @@ class _Source:
 
     def __init__(self, text: str):
         self.text = text
-        self.tree = ast.parse(text)
+        self.tree = pyast.parse(text)
         # ast offsets are (line, UTF-8 byte column); keep per-line text to convert to characters
         self.lines = text.splitlines(keepends=True)
         self.line_starts = [0]
@@ -104,10 +106,10 @@ class _Source:
         start, end, prefix = self.blocks[index]
         block = self.text[start:end]
         if index not in self._block_dumps:
-            self._block_dumps[index] = ast.dump(ast.parse(prefix + block))
+            self._block_dumps[index] = ast.dump(pyast.parse(prefix + block))
         shifted = [_Edit(e.start - start, e.end - start, e.text) for e in edits]
         try:
-            mutated = ast.dump(ast.parse(prefix + _apply(block, shifted)))
+            mutated = ast.dump(pyast.parse(prefix + _apply(block, shifted)))
         except SyntaxError:
             return False
         return mutated != self._block_dumps[index]

@@ -214,3 +214,54 @@ def test_parse_failure_pytest_and_unittest():
     assert report.test == "test_shlex.ShlexTest.test_quote"
     assert report.message == "AssertionError: 'a' != 'b'"
     assert parse_failure("all good\n") is None
+
+
+class _CycleWithFinalizer:
+    """Garbage the collector finalizes in Python code: the thread switch that races CPython 3.11's AST state."""
+
+    def __del__(self):
+        sum(range(50))
+
+
+def test_parsing_from_the_builders_threads_never_trips_the_ast_state_race():
+    # build_tasks runs families on threads while other threads make subprocess/tempfile garbage; on
+    # CPython 3.11 a bare ast.parse here fails within a second (SystemError: AST constructor recursion
+    # depth mismatch), as it once did in CI
+    import threading
+
+    from data import pyast
+
+    source = (ROOT / "data" / "mutations.py").read_text()
+    errors: list[BaseException] = []
+
+    def parse_with_garbage():
+        for _ in range(100):
+            for _ in range(50):
+                a, b = _CycleWithFinalizer(), _CycleWithFinalizer()
+                a.other, b.other = b, a
+            try:
+                pyast.parse(source)
+            except BaseException as error:  # noqa: BLE001 - the test reports whatever escaped
+                errors.append(error)
+                return
+
+    threads = [threading.Thread(target=parse_with_garbage) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+def test_data_parses_python_only_through_the_locked_parser():
+    import ast
+
+    bare = []
+    for path in sorted((ROOT / "data").rglob("*.py")):
+        if path.name == "pyast.py" or "projects" in path.relative_to(ROOT / "data").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "parse"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "ast"):
+                bare.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert bare == [], "use data.pyast.parse: the task builder parses on threads"

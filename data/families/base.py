@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data import pyast
 from env.tasks import Grade, apply_patch, grade, load_task, write_task
 
 MICRO_PREFIX = "micro_"
@@ -288,5 +289,5 @@ def function_nodes(source: str) -> list[tuple[str, ast.FunctionDef | ast.AsyncFu
             elif isinstance(child, ast.ClassDef):
                 visit(child, prefix + child.name + ".")
 
-    visit(ast.parse(source), "")
+    visit(pyast.parse(source), "")
     return found

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from data import pyast
 from data.families.base import SourceProject, TaskSpec, count, function_nodes, task_id, validated
 from env.tasks import make_patch
 
@@ -54,7 +55,7 @@ def _replace(source: str, node: ast.AST, text: str) -> str:
 
 def inject_unused_import(source: str, rng: random.Random) -> list[tuple[str, str]]:
     """F401: `import <module>` that nothing uses, placed with the other imports."""
-    tree = ast.parse(source)
+    tree = pyast.parse(source)
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
                 for alias in node.names} | {node.module for node in ast.walk(tree)
                                              if isinstance(node, ast.ImportFrom) and node.module}

@@ -17,6 +17,7 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 
+from data import pyast
 from data.families.base import SourceProject, TaskSpec, count, task_id, validated
 
 FAMILY = "locate"
@@ -58,7 +59,7 @@ def definitions(project: SourceProject) -> dict[str, list[tuple[str, str]]]:
     """Qualified name -> [(kind, path)] for classes, functions, methods and module constants."""
     found: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for path in project.source_files:
-        tree = ast.parse(project.files[path])
+        tree = pyast.parse(project.files[path])
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
                 found[node.name].append(("the class", path))
