@@ -69,6 +69,11 @@ class CPTArguments(CPTScriptArguments):
         default=0, metadata={"help": "Optimizer steps of repeated random token runs before the code blocks "
                                      "(nanocomposer/copy_warmup.py): copying forms on them first. 0: off."}
     )
+    copy_replay_fraction: float = field(
+        default=0.0, metadata={"help": "Share of the rows after the warm-up that are repeated random token runs, "
+                                       "spread through the code in the run's shuffled order, so the copying "
+                                       "circuit keeps a gradient of its own. In [0, 1); 0: off."}
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -76,6 +81,8 @@ class CPTArguments(CPTScriptArguments):
             raise ArgumentError("copy_eval_probes", self.copy_eval_probes, "must be >= 0 (0: off)")
         if self.copy_warmup_steps < 0:
             raise ArgumentError("copy_warmup_steps", self.copy_warmup_steps, "must be >= 0 (0: off)")
+        if not 0 <= self.copy_replay_fraction < 1:
+            raise ArgumentError("copy_replay_fraction", self.copy_replay_fraction, "must be in [0, 1) (0: off)")
         if self.mix_dataset_path is None and self.mix_fraction != 0:
             raise ArgumentError("mix_fraction", self.mix_fraction, "needs mix_dataset_path")
         if self.mix_dataset_path is not None and not 0 < self.mix_fraction < 1:
@@ -91,22 +98,32 @@ class PackedCausalLMTrainer(Trainer):
         super().log(logs, *args, **kwargs)
 
 
-def put_copy_warmup_first(train_blocks, script_args: CPTArguments, training_args: TrainingArguments, vocab_size: int):
-    """(warm-up rows then the code blocks, number of warm-up rows). The Trainer's sampler becomes sequential so
-    the warm-up comes first; the code blocks are shuffled here instead, with the run's seed (and a resumed run
-    skips exactly the rows it already trained on). A run longer than one pass over the rows starts the next
-    epoch with the warm-up again and the code in the same order."""
+def arrange_copy_rows(train_blocks, script_args: CPTArguments, training_args: TrainingArguments, vocab_size: int):
+    """(rows in training order, {"copy_warmup_blocks": n, "copy_replay_blocks": m}): the warm-up rows first, then
+    the code blocks with `copy_replay_fraction` of repeated-run rows among them, shuffled with the run's seed.
+    The Trainer's sampler becomes sequential so the warm-up comes first (and a resumed run skips exactly the
+    rows it already trained on). A run longer than one pass over the rows starts the next epoch with the
+    warm-up again and the rest in the same order."""
     from datasets import concatenate_datasets
 
-    rows = (script_args.copy_warmup_steps * training_args.per_device_train_batch_size
-            * training_args.gradient_accumulation_steps * max(1, training_args.world_size))
+    per_step = (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
+                * max(1, training_args.world_size))
+    warmup_rows = script_args.copy_warmup_steps * per_step
+    replay_rows = round(len(train_blocks) * script_args.copy_replay_fraction / (1 - script_args.copy_replay_fraction))
     try:
-        warmup = copy_warmup_blocks(rows, script_args.block_size, vocab_size, training_args.seed)
+        # one stream of rows: the warm-up's rows are the first ones, so warm-up and replay never share a row
+        copy_rows = copy_warmup_blocks(warmup_rows + replay_rows, script_args.block_size, vocab_size,
+                                       training_args.seed).cast(train_blocks.features)
     except ValueError as e:
-        raise ConfigError(f"copy_warmup_steps {script_args.copy_warmup_steps}: {e}") from None
+        raise ConfigError(f"copy_warmup_steps {script_args.copy_warmup_steps} / copy_replay_fraction "
+                          f"{script_args.copy_replay_fraction}: {e}") from None
     training_args.train_sampling_strategy = "sequential"
-    code = train_blocks.shuffle(seed=training_args.seed).flatten_indices()
-    return concatenate_datasets([warmup.cast(code.features), code]), rows
+    rest = train_blocks
+    if replay_rows:
+        rest = concatenate_datasets([train_blocks, copy_rows.select(range(warmup_rows, warmup_rows + replay_rows))])
+    rest = rest.shuffle(seed=training_args.seed).flatten_indices()
+    rows = concatenate_datasets([copy_rows.select(range(warmup_rows)), rest]) if warmup_rows else rest
+    return rows, {"copy_warmup_blocks": warmup_rows, "copy_replay_blocks": replay_rows}
 
 
 def main(script_args: CPTArguments, training_args: TrainingArguments, model_args: ModelConfig) -> dict:
@@ -151,9 +168,9 @@ def main(script_args: CPTArguments, training_args: TrainingArguments, model_args
              f"in a split (train {train_stats['tokens']}, validation {eval_stats['tokens']})")
     if script_args.max_eval_blocks is not None:
         eval_blocks = eval_blocks.select(range(min(script_args.max_eval_blocks, len(eval_blocks))))
-    if script_args.copy_warmup_steps:
-        train_blocks, train_stats["copy_warmup_blocks"] = put_copy_warmup_first(
-            train_blocks, script_args, training_args, len(tokenizer))
+    if script_args.copy_warmup_steps or script_args.copy_replay_fraction:
+        train_blocks, copy_stats = arrange_copy_rows(train_blocks, script_args, training_args, len(tokenizer))
+        train_stats.update(copy_stats)
     print0(f"[cpt] train: {train_stats['documents']:,} docs, {train_stats['tokens']:,} tokens -> "
            f"{train_stats['blocks']:,} blocks of {script_args.block_size} ({train_stats['kept_fraction']:.1%} kept); "
            f"validation: {len(eval_blocks):,} blocks")

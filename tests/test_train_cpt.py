@@ -217,3 +217,34 @@ def test_copy_warmup_needs_a_vocabulary_above_the_reserved_ids():
         copy_warmup_blocks(2, 16, 90, 0)
     rows = copy_warmup_blocks(3, 40, 300, 0)
     assert len(rows) == 3 and rows[0]["labels"][0] == -100 and rows[0]["position_ids"] == list(range(40))
+
+
+def test_copy_replay_spreads_repeated_runs_through_the_code_after_the_warmup():
+    from types import SimpleNamespace
+
+    block = 24
+    code = Dataset.from_dict({"input_ids": [[7] * block for _ in range(30)],
+                              "position_ids": [list(range(block))] * 30, "labels": [[-100] + [7] * (block - 1)] * 30})
+    script_args = SimpleNamespace(copy_warmup_steps=2, copy_replay_fraction=0.25, block_size=block)
+    training_args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=1, world_size=1, seed=0,
+                                    train_sampling_strategy="random")
+    rows, stats = train_cpt.arrange_copy_rows(code, script_args, training_args, vocab_size=300)
+    assert stats == {"copy_warmup_blocks": 4, "copy_replay_blocks": 10}  # 10 of the 40 rows after the warm-up
+    assert training_args.train_sampling_strategy == "sequential" and len(rows) == 44
+    is_copy = [row[0] != 7 for row in rows["input_ids"]]
+    assert is_copy[:4] == [True] * 4 and sum(is_copy[4:]) == 10
+    # spread, not a block at either end
+    replay_positions = [i for i, copy in enumerate(is_copy[4:]) if copy]
+    assert replay_positions[0] < 20 and replay_positions[-1] >= 20
+    # the warm-up is the same rows with or without replay (a run with replay 0 is the earlier recipe)
+    plain, _ = train_cpt.arrange_copy_rows(code, SimpleNamespace(copy_warmup_steps=2, copy_replay_fraction=0.0,
+                                                                  block_size=block), training_args, vocab_size=300)
+    assert plain["input_ids"][:4] == rows["input_ids"][:4] and len(plain) == 34
+
+
+@pytest.mark.parametrize("bad", ["1.0", "-0.1"])
+def test_copy_replay_fraction_out_of_range_is_refused(bad):
+    from nanocomposer.config import ArgumentError
+
+    with pytest.raises(ArgumentError, match="copy_replay_fraction"):
+        train_cpt.CPTArguments(copy_replay_fraction=float(bad))
