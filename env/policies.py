@@ -270,7 +270,8 @@ class OraclePolicy:
     """A scripted expert that knows the fix and works only from what it has seen, as a good engineer would.
 
     It is reactive: each turn it reads the conversation (`_Seen`) and picks the next step. It runs
-    the tests (and the linter), greps for a name once the instruction or a result has shown it,
+    the tests (and the linter), asks the user first when the task leaves the change to them (its
+    `user_answer`), greps for a name once the instruction or a result has shown it,
     reads the file a result or the file list pointed to (a line range only around a line number a
     result cited, paging on when a long file was truncated), edits with `old_str` copied from what a
     read showed, re-checks, and submits; it claims the tests pass only after a run showed it, and
@@ -370,6 +371,9 @@ class OraclePolicy:
     def _first_turn(self, seen: _Seen) -> list:
         first = [_call("lint")] if self.task.meta.get("family") == "fix_lint" else []
         first.append(_call("run_tests"))
+        if self.task.meta.get("user_answer"):
+            # the task leaves what to change to the user (ladder_ask): ask before deciding anything
+            first.insert(0, _call("ask_user", question=self._question(seen)))
         find = []
         if (symbol := self._grep_target(seen)) is not None:
             self.grepped.add(symbol)
@@ -382,6 +386,13 @@ class OraclePolicy:
         if find:
             self.queue.append(find)
         return first
+
+    def _question(self, seen: _Seen) -> str:
+        symbol = self.task.meta.get("symbol")
+        if symbol and seen.mentions(symbol):
+            return self.rng.choice(("What value should {} be set to?", "What is the new value of {}?",
+                                    "Which number do you want for {}?")).format(symbol)
+        return "What exactly should the change be?"
 
     def _grep_target(self, seen: _Seen) -> str | None:
         """A name worth grepping for: the symbol the fix is in, or a name on its lines, once the context shows it."""

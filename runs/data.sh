@@ -11,7 +11,7 @@ SIZE=${SIZE:-full}
 # >= 100 held-out tasks without growing the training data. A curriculum can weight families in the
 # train split with `data.build_tasks --per-family locate=8` (measured: no gain at the tiny scale, README).
 # The task ladder (data/families/ladder.py, tier `ladder`): LADDER tasks per rung in train, LADDER_HELD_OUT
-# per rung in val and in test (5 rungs: 2 x 5 x 30 = 300 held-out ladder tasks; eval `factory:test/ladder`).
+# per rung in val and in test (6 rungs: 2 x 6 x 30 = 360 held-out ladder tasks; eval `factory:test/ladder`).
 if [ "$SIZE" = small ]; then
   CORPUS_CHARS=4000000; PER_PROJECT=2; HELD_OUT=12; STDLIB=""; VARIANTS=2; LADDER=20; LADDER_HELD_OUT=30
 else

@@ -12,6 +12,7 @@ from data.build_tasks import build, parse_args
 from data.families import (
     LADDER,
     ladder,
+    ladder_ask,
     ladder_constant,
     ladder_copy,
     ladder_edit,
@@ -23,7 +24,7 @@ from env.episode import run_episode
 from env.policies import OraclePolicy
 from env.tasks import apply_patch, grade, load_task_set
 
-RUNGS = {m.FAMILY: m for m in (ladder_copy, ladder_locate, ladder_edit, ladder_constant, ladder_operator)}
+RUNGS = {m.FAMILY: m for m in (ladder_copy, ladder_locate, ladder_edit, ladder_ask, ladder_constant, ladder_operator)}
 
 
 def _made(module, split: str, index: int, seed: int = 0):
@@ -132,7 +133,7 @@ def test_generation_is_fast():
 
     start = time.perf_counter()
     made = sum(_made(module, "test", i)[0] is not None for module in RUNGS.values() for i in range(100))
-    assert made >= 480 and time.perf_counter() - start < 20  # hundreds of tasks in seconds (before validation)
+    assert made >= 96 * len(RUNGS) and time.perf_counter() - start < 20  # hundreds of tasks in seconds (before validation)
 
 
 def test_answer_checker_wants_the_exact_answer(tmp_path):
@@ -165,3 +166,27 @@ def test_a_ladder_only_build_may_leave_a_split_empty(ladder_build, tmp_path):
     save_dataset({"train": [], "val": load_task_set(out / "val"), "test": []}, tmp_path / "dataset")
     dataset = load_from_disk(str(tmp_path / "dataset"))
     assert list(dataset) == ["val"] and len(dataset["val"]) == len(LADDER)
+
+
+def test_ask_rung_hides_the_value_and_the_oracle_asks_before_it_edits(tmp_path):
+    from env.tasks import load_task
+
+    for index in range(6):
+        spec, _ = _made(ladder_ask, "train", index)
+        value = re.search(r"\d+", spec.meta["user_answer"]).group(0)
+        target = spec.meta["symbol"]
+        assert target in spec.instruction and value not in spec.instruction
+        # nothing the agent can open shows the new value on the target's line, or a test of it
+        assert not any(re.search(rf"{target}\s*==?\s*{value}\b", text) for text in spec.repo.values())
+        assert any(f"{target} == {value}" in text for text in spec.hidden.values())
+        spec.id = f"ask-{index}"
+        task = load_task(spec.write(tmp_path / spec.id))
+        policy = OraclePolicy(seed=index)
+        traj = run_episode(task, policy)
+        assert traj.solved, traj.grade.get("output", "")[-300:]
+        names = [[c["name"] for c in turn["calls"]] for turn in traj.turns]
+        asked = next(i for i, calls in enumerate(names) if "ask_user" in calls)
+        edited = next(i for i, calls in enumerate(names) if "edit_file" in calls)
+        assert asked == 0 and edited > asked
+        tool_results = [m["content"] for m in traj.messages if m.get("role") == "tool"]
+        assert value in tool_results[names[0].index("ask_user")]  # the harness answered with the task's answer

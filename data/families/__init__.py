@@ -12,6 +12,7 @@ from data.families import (
     fix_bug,
     fix_lint,
     implement_function,
+    ladder_ask,
     ladder_constant,
     ladder_copy,
     ladder_edit,
@@ -31,6 +32,7 @@ LADDER = {  # in rung order, lowest first
     ladder_copy.FAMILY: ladder_copy.generate,
     ladder_locate.FAMILY: ladder_locate.generate,
     ladder_edit.FAMILY: ladder_edit.generate,
+    ladder_ask.FAMILY: ladder_ask.generate,
     ladder_constant.FAMILY: ladder_constant.generate,
     ladder_operator.FAMILY: ladder_operator.generate,
 }

@@ -7,6 +7,7 @@ identifiers, so nothing can be answered from memory:
     ladder_copy      copy a string from the prompt into the answer (submit it)
     ladder_locate    find where a name is defined among 8-12 files (answer `path` or `path:line`)
     ladder_edit      an edit fully specified in the instruction (old and new text given)
+    ladder_ask       a new value only the user knows: ask (`ask_user`), then set it
     ladder_constant  a constant whose right value only the failing test's output shows
     ladder_operator  a one-operator bug in a short function, with a visible failing test
 
