@@ -152,6 +152,29 @@ def filler_module(rng: random.Random, names: Names, n_functions: int) -> tuple[s
     return "\n\n".join(parts), defined
 
 
+def settings_repo(rng: random.Random, names: Names) -> tuple[dict[str, str], str, dict[str, int]]:
+    """A repo of 2-6 filler modules in a random layout, one of which (`home`) is to start with 2-4 settings
+    constants: (every file, home's filler included, home, {constant: value})."""
+    modules, inits = layout(rng, names, rng.randint(2, 6))
+    sources = {path: filler_module(rng, names, rng.randint(1, 2))[0] for path in modules}
+    home = rng.choice(modules)
+    constants = {names.constant(): rng.randint(2, 500) for _ in range(rng.randint(2, 4))}
+    return sources | inits, home, constants
+
+
+def with_settings(constants: dict[str, int], filler: str) -> str:
+    """A module's text: `NAME = value` lines, then the filler code (if any)."""
+    settings = "".join(f"{name} = {value}\n" for name, value in constants.items())
+    return f"{settings}\n\n{filler}" if filler else settings
+
+
+def settings_test(home: str, constants: dict[str, int]) -> tuple[str, str, str]:
+    """(test path, test function name, test module) asserting every constant's value."""
+    test_name = f"test_{home.rsplit('/', 1)[-1].removesuffix('.py')}_settings"
+    return test_path(home), test_name, test_module(import_path(home), list(constants),
+                                                   {test_name: [f"assert {n} == {v}" for n, v in constants.items()]})
+
+
 def answer_checker(answer: str, decoys: list[str], line_required: bool, modules: list[str]) -> str:
     """hidden/check_answer.py: exit 0 iff .submission.txt gives `answer` and none of `decoys`.
 

@@ -32,26 +32,17 @@ _ANSWERS = ("It should be {value}.", "{value}", "Set it to {value}, please.", "T
 
 
 def make(rng: random.Random, names: ladder.Names) -> TaskSpec:
-    modules, inits = ladder.layout(rng, names, rng.randint(2, 6))
-    sources = {path: ladder.filler_module(rng, names, rng.randint(1, 2))[0] for path in modules}
-    home = rng.choice(modules)
-    constants = {names.constant(): rng.randint(2, 500) for _ in range(rng.randint(2, 4))}
+    files, home, constants = ladder.settings_repo(rng, names)
     target = rng.choice(list(constants))
     old_value = constants[target]
     # the new value shares no digits' run with the old one, so neither contains the other
     new_value = rng.choice([v for v in range(2, 500) if str(v) not in str(old_value) and str(old_value) not in str(v)])
-    settings = "".join(f"{name} = {value}\n" for name, value in constants.items())
-    before = f"{settings}\n\n{sources[home]}" if sources[home] else settings
-    after = before.replace(f"{target} = {old_value}\n", f"{target} = {new_value}\n", 1)
-    test_file = ladder.test_path(home)
-    test_name = f"test_{home.rsplit('/', 1)[-1].removesuffix('.py')}_settings"
-    others = [name for name in constants if name != target]
-    visible = ladder.test_module(ladder.import_path(home), others,
-                                 {test_name: [f"assert {n} == {constants[n]}" for n in others]})
-    hidden = ladder.test_module(ladder.import_path(home), list(constants),
-                                {test_name: [f"assert {n} == {new_value if n == target else constants[n]}"
-                                             for n in constants]})
-    repo = sources | inits | {test_file: visible} | {home: before}
+    before = ladder.with_settings(constants, files[home])
+    after = ladder.with_settings({**constants, target: new_value}, files[home])
+    # the visible test checks the other settings only; its pristine copy in hidden/ checks the new value too
+    test_file, _, visible = ladder.settings_test(home, {n: v for n, v in constants.items() if n != target})
+    _, _, hidden = ladder.settings_test(home, {**constants, target: new_value})
+    repo = files | {test_file: visible, home: before}
     where = f" in `{home}`" if rng.random() < 0.5 else ""
     return TaskSpec(id="", instruction=rng.choice(_TEMPLATES).format(constant=target, where=where),
                     test_command=ladder.TEST_COMMAND, repo=repo, hidden={test_file: hidden},

@@ -25,23 +25,16 @@ _TEMPLATES = (
 
 
 def make(rng: random.Random, names: ladder.Names) -> TaskSpec:
-    modules, inits = ladder.layout(rng, names, rng.randint(2, 6))
-    sources = {path: ladder.filler_module(rng, names, rng.randint(1, 2))[0] for path in modules}
-    home = rng.choice(modules)
-    constants = {names.constant(): rng.randint(2, 500) for _ in range(rng.randint(2, 4))}
+    files, home, constants = ladder.settings_repo(rng, names)
     wrong = rng.choice(list(constants))
     bad_value = rng.choice([v for v in range(2, 500) if v != constants[wrong] and str(v) not in
                             str(constants[wrong])])
-    settings = "".join(f"{name} = {value}\n" for name, value in constants.items())
-    fixed = f"{settings}\n\n{sources[home]}" if sources[home] else settings
-    broken = fixed.replace(f"{wrong} = {constants[wrong]}\n", f"{wrong} = {bad_value}\n", 1)
-    test_file = ladder.test_path(home)
-    test_name = f"test_{home.rsplit('/', 1)[-1].removesuffix('.py')}_settings"
-    tests = {test_file: ladder.test_module(ladder.import_path(home), list(constants),
-                                           {test_name: [f"assert {n} == {v}" for n, v in constants.items()]})}
-    repo = sources | inits | tests | {home: broken}
+    fixed = ladder.with_settings(constants, files[home])
+    broken = ladder.with_settings({**constants, wrong: bad_value}, files[home])
+    test_file, test_name, test_text = ladder.settings_test(home, constants)
+    repo = files | {test_file: test_text, home: broken}
     return TaskSpec(id="", instruction=rng.choice(_TEMPLATES).format(test=f"{test_file}::{test_name}"),
-                    test_command=ladder.TEST_COMMAND, repo=repo, hidden=tests,
+                    test_command=ladder.TEST_COMMAND, repo=repo, hidden={test_file: test_text},
                     gold_patch=make_patch(repo, {**repo, home: fixed}), meta={"file": home, "symbol": wrong})
 
 
