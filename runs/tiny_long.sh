@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The headline pipeline on a CPU (2 cores, target under 2.5 h): the task ladder, a base that can copy,
-# SFT at scale, GRPO at the edge of competence, SFT vs RL on 300 held-out ladder tasks.
+# SFT at scale, GRPO at the edge of competence, SFT vs RL on 360 held-out ladder tasks (six rungs).
 #   bash runs/tiny_long.sh                 # RUN=long-<date-time>
 #   RUN=long1 SKIP_DATA=1 bash runs/tiny_long.sh   # reuse artifacts/ladder and the copy corpus
 # Recipes: recipes/tiny_long/{cpt,sft,rl,eval}.yaml. Every stage reads the previous one's output from runs/$RUN/.
@@ -43,7 +43,7 @@ stage "3b. GRPO on the tasks at the edge of competence -> runs/$RUN/rl"
 $PY train_rl.py --config recipes/tiny_long/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft" \
   --tasks_dir "runs/$RUN/edge/tasks"
 
-stage "4. eval: SFT vs RL on the 300 held-out ladder tasks (test split)"
+stage "4. eval: SFT vs RL on the 360 held-out ladder tasks (test split, 60 per rung)"
 $PY eval.py --config recipes/tiny_long/eval.yaml --compare "runs/$RUN/sft" "runs/$RUN/rl" \
   --out-dir "runs/$RUN/eval" --run "$RUN" --wandb
 echo; echo "== done in $(( ($(date +%s) - t0) / 60 )) min; report: runs/$RUN/eval/compare.md"
