@@ -111,3 +111,10 @@ def test_recipe_strings_and_scalars_are_typed(tmp_path):
     assert training_args.learning_rate == 3e-6 and training_args.max_steps == 7  # YAML reads 3e-6 as a string
     assert script_args.reward_funcs == ["outcome"] and training_args.reward_weights == [1.0]
     assert model_args.use_peft is True
+
+
+@pytest.mark.parametrize("script", ["train_cpt", "train_sft", "train_rl", "eval", "realtime_rl", "agent"])
+def test_every_script_prints_its_help(script):
+    # argparse expands % in help strings: one "95% interval" once made `realtime_rl.py --help` a traceback
+    help_text = importlib.import_module(script).make_parser().format_help()
+    assert "--" in help_text and "Traceback" not in help_text

@@ -61,7 +61,7 @@ class RealtimeArguments(StageArguments):
     gate_workers: int = field(default=4, metadata={"help": "Gate episodes live at once."})
     gate_temperature: float = field(default=0.0, metadata={"help": "Gate sampling temperature (0: greedy)."})
     gate_solve_margin: float = field(default=0.0, metadata={
-        "help": "Refuse when the solve-rate difference's 95% interval lies wholly below -margin."})
+        "help": "Refuse when the solve-rate difference's 95%% interval lies wholly below -margin."})
     gate_max_malformed_increase: float = field(default=0.02, metadata={"help": "Malformed-call rate may rise this much."})
     gate_max_ask_user_increase: float = field(default=0.05, metadata={"help": "ask_user rate may rise this much."})
     gate_max_edit_rate_drop: float = field(default=0.05, metadata={"help": "Edit rate may fall this much."})
@@ -73,7 +73,7 @@ class RealtimeArguments(StageArguments):
         "help": "The monitor warns when a candidate's edit rate is this much below the starting version's."})
     rollback_margin: float = field(default=0.0, metadata={
         "help": "Roll back when a promoted version's persisting-edit rate is below its parent's (or its "
-                "dissatisfied rate above) with the 95% interval of the difference beyond this margin."})
+                "dissatisfied rate above) with the 95%% interval of the difference beyond this margin."})
 
     def __post_init__(self):
         super().__post_init__()
