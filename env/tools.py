@@ -41,6 +41,23 @@ from env.workspace import PathError, resolve_in
 
 log = logging.getLogger(__name__)
 
+# pytest's summary line ("1 passed in 0.01s", "=== 2 failed, 1 passed in 61.2s (0:01:01) ===") and unittest's
+# "Ran 3 tests in 0.004s": the only part of a test run's output that changes from run to run of the same code
+_PYTEST_DURATION = re.compile(r"^(.*\b(?:passed|failed|errors?|skipped|xfailed|xpassed|warnings?|deselected|"
+                              r"no tests ran)\b.*?) in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?( =+)?$", re.MULTILINE)
+_UNITTEST_DURATION = re.compile(r"^(Ran \d+ tests?) in \d+(?:\.\d+)?s$", re.MULTILINE)
+
+
+def without_durations(output: str) -> str:
+    """A test run's output without the runner's wall-clock duration.
+
+    The duration is noise to the agent, and it made greedy episodes irreproducible: two evals of one checkpoint
+    differed in 4 of 40 episodes, each time first at a test run that took 0.01s once and 0.00s the other time,
+    which changed what the model generated next. Without it, the same code gives the same text.
+    """
+    return _UNITTEST_DURATION.sub(r"\1", _PYTEST_DURATION.sub(r"\1\2", output))
+
+
 NO_INFORMATION = "No further information is available. Proceed with your best judgement."
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "node_modules"}
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
@@ -279,7 +296,7 @@ class CodeTools:
             if not command:
                 return "This task has no visible tests to run: it is graded on the answer you submit."
         timeout = self.task.timeout_s if self.task else self.command_timeout_s
-        return self._exec(command, timeout)
+        return without_durations(self._exec(command, timeout))
 
     def ask_user(self, question: str) -> str:
         """Ask the user a clarifying question.

@@ -1,5 +1,6 @@
 """The tools on a real workspace: behaviour, errors the agent sees, schemas."""
 
+import re
 import time
 
 import pytest
@@ -171,3 +172,24 @@ def test_run_tests_on_an_answer_graded_task_says_there_is_nothing_to_run(tmp_pat
     finally:
         remove_workspace(workspace)
     assert "no visible tests" in output and "check_answer" not in output
+
+
+def test_run_tests_output_is_the_same_text_every_run(tools):
+    # the runner's duration is the one part that changes between runs of the same code; it made greedy evals
+    # of one checkpoint differ
+    outputs = {call_tool(tools, "run_tests", {}) for _ in range(3)}
+    assert len(outputs) == 1
+    (output,) = outputs
+    assert "1 failed, 1 passed" in output and not re.search(r"\d+\.\d+s\b", output), output
+
+
+def test_durations_are_dropped_from_pytest_and_unittest_summaries_only():
+    from env.tools import without_durations
+
+    assert without_durations("==== 2 failed, 1 passed, 3 warnings in 61.23s (0:01:01) ====\n[exit code 1]") == \
+        "==== 2 failed, 1 passed, 3 warnings ====\n[exit code 1]"
+    assert without_durations("..\n1 passed in 0.01s\n[exit code 0]") == "..\n1 passed\n[exit code 0]"
+    assert without_durations("no tests ran in 0.00s") == "no tests ran"
+    assert without_durations("-----\nRan 3 tests in 0.004s\n\nOK") == "-----\nRan 3 tests\n\nOK"
+    untouched = "E   assert sleep_for(0.5) == 'slept in 0.5s'\nprint('ran in 2s')"
+    assert without_durations(untouched) == untouched
