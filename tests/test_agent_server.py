@@ -375,3 +375,36 @@ def test_the_same_seed_and_sample_key_sample_the_same_tokens(tmp_path):
     _, _, greedy = serve("greedy", {"seed": 7, "temperature": 0.0}, ["k1", "k2"])
     _, _, nucleus = serve("top_p", {"seed": 7, "top_p": 1e-6}, ["k1", "k2"])  # only the top token is left
     assert nucleus == greedy and greedy[0] != tokens[0]
+
+
+def test_a_stop_racing_a_finishing_worker_keeps_the_finished_session(tmp_path):
+    """The worker records `finished`, then leaves its running set: a stop in between (a client that saw
+    `finished` and shut the server down) must not turn the finished session into `interrupted`."""
+    from nanocomposer.agent.manager import ServerConfig, SessionManager
+    from nanocomposer.agent.registry import Registry
+    from nanocomposer.agent.store import SessionStore
+
+    class StopAfterFinish(SessionStore):
+        def finish(self, session_id, status, *args, **kwargs):
+            ended = super().finish(session_id, status, *args, **kwargs)
+            if status == "finished":
+                manager.stop()  # the window: recorded finished, still in the worker's running set
+            return ended
+
+    registry = Registry(tmp_path / "registry")
+    registry.add("oracle", "oracle")
+    registry.promote("oracle")
+    store = StopAfterFinish(tmp_path / "sessions.db")
+    manager = SessionManager(store, registry, ServerConfig(workers=1))
+    manager.start()
+    session_id = manager.submit(task_dir=str(TASK))
+    deadline = time.monotonic() + 120
+    while store.session(session_id)["status"] in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    manager.stop()
+    s = store.session(session_id)
+    assert (s["status"], s["status_reason"], s["solved"]) == ("finished", None, 1)
+    assert not store.finish(session_id, "failed", None, None, None, reason="late")  # an end is final
+    store.set_status(session_id, "running")
+    store.start(session_id, "v9", "other")
+    assert (store.session(session_id)["status"], store.session(session_id)["model_version"]) == ("finished", "oracle")

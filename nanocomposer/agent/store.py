@@ -26,6 +26,9 @@ from env.episode import Trajectory
 
 STATUSES = ("queued", "running", "waiting", "finished", "timed_out", "failed", "interrupted")
 TERMINAL = frozenset({"finished", "timed_out", "failed", "interrupted"})
+# Every write of a status matches only a session that has not ended: an ended session keeps its end (a server
+# stopping while a worker records a finished episode must not make it `interrupted`, nor the reverse).
+_NOT_ENDED = "status IN ({})".format(", ".join(f"'{s}'" for s in STATUSES if s not in TERMINAL))
 FEEDBACK_KINDS = ("applied", "kept", "reverted", "followup_dissatisfied", "rating", "abandoned")
 
 SCHEMA = """
@@ -181,12 +184,13 @@ class SessionStore:
     def start(self, session_id: str, version: str | None, policy: str | None) -> None:
         with self.transaction() as db:
             db.execute("UPDATE sessions SET status = 'running', started_at = ?, model_version = ?, policy = ? "
-                       "WHERE id = ?", (time.time(), version, policy, session_id))
+                       f"WHERE id = ? AND {_NOT_ENDED}", (time.time(), version, policy, session_id))
 
     def set_status(self, session_id: str, status: str, reason: str | None = None) -> None:
         assert status in STATUSES, status
         with self.transaction() as db:
-            db.execute("UPDATE sessions SET status = ?, status_reason = ? WHERE id = ?", (status, reason, session_id))
+            db.execute(f"UPDATE sessions SET status = ?, status_reason = ? WHERE id = ? AND {_NOT_ENDED}",
+                       (status, reason, session_id))
 
     def add_turn(self, session_id: str, record: dict, results: list[str]) -> None:
         """One finished turn and its tool calls, in one transaction."""
@@ -203,8 +207,9 @@ class SessionStore:
                             results[i] if i < len(results) else None, call.get("wall_s")))
 
     def finish(self, session_id: str, status: str, traj: Trajectory | None, diff: str | None,
-               changed_files: int | None, reason: str | None = None) -> None:
-        """The session's end: status and, when an episode ran, its trajectory fields and diff, atomically."""
+               changed_files: int | None, reason: str | None = None) -> bool:
+        """The session's end: status and, when an episode ran, its trajectory fields and diff, atomically.
+        False when the session had already ended (it keeps that end)."""
         fields = {"status": status, "status_reason": reason, "finished_at": time.time(), "diff": diff,
                   "changed_files": changed_files}
         if traj is not None:
@@ -214,8 +219,9 @@ class SessionStore:
                           wall_s=traj.wall_s, gen_s=traj.gen_s, env_s=traj.env_s, grade_s=traj.grade_s,
                           command_s=traj.command_s)
         with self.transaction() as db:
-            db.execute(f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
-                       (*fields.values(), session_id))
+            cur = db.execute(f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in fields)} "
+                             f"WHERE id = ? AND {_NOT_ENDED}", (*fields.values(), session_id))
+            return cur.rowcount == 1
 
     def add_message(self, session_id: str, kind: str, text: str) -> None:
         with self.transaction() as db:
