@@ -239,6 +239,9 @@ def main(script_args: CPTArguments, training_args: TrainingArguments, model_args
         {"Result": metrics, "Data": {f"train {k}": v for k, v in train_stats.items()}
          | {f"validation {k}": v for k, v in eval_stats.items()}},
     )
+    # transformers' example-script files: train_results.json and the whole log history (every eval's metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
     finish_wandb(wandb_run, {f"final/{k}": v for k, v in metrics.items() if v is not None})
     trainer.end()
     print0(f"[cpt] eval loss {metrics['initial_eval_loss']} -> {metrics['final_eval_loss']:.4f} "

@@ -1,6 +1,7 @@
 """Stage 1 (train_cpt.py): packing without cross-document leakage, a few steps that lower the held-out
 loss, resume after a crash, and clear failures on bad input. Micro model (vocab 512, 2 layers of 32)."""
 
+import json
 import shutil
 import sysconfig
 from pathlib import Path
@@ -104,6 +105,29 @@ def test_few_steps_lower_eval_loss_and_write_outputs(micro, tmp_path):
     config = (out / "config.yaml").read_text()
     assert "git_commit:" in config and "block_size: 64" in config
     assert "final_eval_loss" in (out / "README.md").read_text()
+    assert json.loads((out / "train_results.json").read_text())["global_step"] == 6
+    evals = [log for log in json.loads((out / "trainer_state.json").read_text())["log_history"] if "eval_loss" in log]
+    assert [log["step"] for log in evals] == [0, 6]  # eval_on_start, then the final one
+
+
+def test_size_sweep_tables_real_runs_and_says_which_it_skipped(micro, tmp_path, capsys):
+    from bench import size_sweep
+
+    train_cpt.main(*cpt_args(micro, tmp_path, "--eval_steps", "3"))
+    out = tmp_path / "t" / "cpt"
+    run = size_sweep.read_run(out)
+    total, body = run["params"], run["non_embedding"]
+    assert (run["layers"], run["width"], run["heads"], run["vocab"], run["steps"]) == (2, 32, 2, 512, 6)
+    assert total - body == 512 * 32 and set(run["evals"]) == {0, 3, 6} and run["s_per_step"] > 0
+    (tmp_path / "crashed").mkdir()
+    size_sweep.main([str(out), str(tmp_path / "crashed"), "--out", str(tmp_path / "sweep.md")])
+    text = (tmp_path / "sweep.md").read_text()
+    assert f"| 2 x 32 (2), 512 | {total / 1e6:.1f} M ({body / 1e6:.1f} M) |" in text
+    assert "| step 0 | step 3 | step 6 |" in text
+    assert "Skipped: " in text and "crashed/config.json: missing" in text
+    with pytest.raises(SystemExit):
+        size_sweep.main([str(tmp_path / "crashed")])
+    assert "no run could be read" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("warmup", [(), ("--copy_warmup_steps", "3")], ids=["code", "copy_warmup"])
