@@ -23,8 +23,10 @@ for size in $SIZES; do
   echo; echo "== $size: $layers layers, width $width, $((width / 64)) heads, vocab $vocab ($(date +%H:%M:%S))"
   [ -f "$base/config.json" ] || $PY -m nanocomposer.model build --out "$base" --corpus artifacts/data/corpus \
     --layers "$layers" --hidden "$width" --heads $((width / 64)) --vocab-size "$vocab"
+  # a size that fails (out of memory, a bad shape) is reported in the table's "Skipped" lines; the others run
   $PY train_cpt.py --config recipes/tiny_long/cpt.yaml --run "size-$size" --model_name_or_path "$base" \
-    --max_steps "$STEPS" --copy_warmup_steps "$WARMUP" --eval_steps 500 --save_steps "$STEPS" --save_total_limit 1
+    --max_steps "$STEPS" --copy_warmup_steps "$WARMUP" --eval_steps 500 --save_steps "$STEPS" --save_total_limit 1 \
+    || echo "== $size: train_cpt.py failed (exit $?)" >&2
   runs+=("runs/size-$size/cpt")
 done
 $PY -m bench.size_sweep "${runs[@]}" --out runs/size_sweep.md

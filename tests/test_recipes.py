@@ -118,3 +118,47 @@ def test_every_script_prints_its_help(script):
     # argparse expands % in help strings: one "95% interval" once made `realtime_rl.py --help` a traceback
     help_text = importlib.import_module(script).make_parser().format_help()
     assert "--" in help_text and "Traceback" not in help_text
+
+
+# The commands users copy: the pipeline scripts, the README, docs/ and the recipes' own comments.
+COMMAND_FILES = [*sorted(ROOT.glob("runs/*.sh")), ROOT / "README.md", *sorted(ROOT.glob("docs/*.md")), *RECIPES]
+SCRIPTS = ("train_cpt", "train_sft", "train_rl", "eval", "realtime_rl", "agent")
+
+
+def parser_flags(script: str) -> set[str]:
+    """Every option string the script accepts, its subcommands' included; `--config` is the recipe parser's."""
+    parser = importlib.import_module(script).make_parser()
+    flags, parsers = {"--config"}, [parser]
+    while parsers:
+        p = parsers.pop()
+        flags |= set(p._option_string_actions)
+        parsers += [sub for action in p._actions if isinstance(getattr(action, "choices", None), dict)
+                    for sub in action.choices.values()]
+    return flags
+
+
+def test_every_documented_command_uses_flags_its_script_accepts():
+    """A renamed or removed flag breaks the commands that reproduce the README's figures: find them here."""
+    import re
+
+    flags = {script: parser_flags(script) for script in SCRIPTS}
+    unknown, commands = [], 0
+    for path in COMMAND_FILES:
+        text = re.sub(r"\\\n", " ", path.read_text(encoding="utf-8"))  # join continued lines
+        for m in re.finditer(r"(?:\$PY|python)\s+(\w+)\.py\b([^`|;&\n]*)", text):
+            if m.group(1) in flags:
+                commands += 1
+                unknown += [f"{path.relative_to(ROOT)}: {m.group(1)}.py {flag}"
+                            for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", m.group(2))
+                            if flag not in flags[m.group(1)]]
+    assert commands > 50 and not unknown, unknown
+
+
+def test_every_referenced_script_recipe_and_module_exists():
+    import re
+
+    missing = [f"{path.relative_to(ROOT)}: {ref}" for path in [*COMMAND_FILES, *ROOT.glob("*.py")]
+               for ref in re.findall(r"(?<![\w/.])((?:runs/\w+\.sh|recipes/[\w/-]+\.yaml|"
+                                     r"(?:bench|data|env|nanocomposer|tests)/[\w/-]+\.py))", path.read_text())
+               if not (ROOT / ref).exists()]
+    assert not missing, missing
