@@ -59,8 +59,10 @@ def read_run(run_dir: Path) -> dict:
     config = _json(run_dir / "config.json")
     results = _json(run_dir / "train_results.json")
     state = _json(run_dir / "trainer_state.json")
-    evals = {log["step"]: {k: log[k] for k in EVAL_COLUMNS if k in log}
-             for log in state.get("log_history", []) if "eval_loss" in log}
+    evals: dict[int, dict] = {}  # step -> metrics (the trainer logs the copy metrics as an entry of their own)
+    for log in state.get("log_history", []):
+        evals.setdefault(log["step"], {}).update({k: log[k] for k in EVAL_COLUMNS if k in log})
+    evals = {step: metrics for step, metrics in evals.items() if "eval_loss" in metrics}
     if not evals:
         raise SweepError(f"{run_dir / 'trainer_state.json'}: no evaluation in the log history")
     total, body = parameter_counts(run_dir)

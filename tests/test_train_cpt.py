@@ -113,9 +113,10 @@ def test_few_steps_lower_eval_loss_and_write_outputs(micro, tmp_path):
 def test_size_sweep_tables_real_runs_and_says_which_it_skipped(micro, tmp_path, capsys):
     from bench import size_sweep
 
-    train_cpt.main(*cpt_args(micro, tmp_path, "--eval_steps", "3"))
+    train_cpt.main(*cpt_args(micro, tmp_path, "--eval_steps", "3", "--copy_eval_probes", "4"))
     out = tmp_path / "t" / "cpt"
     run = size_sweep.read_run(out)
+    assert all({"eval_loss", "eval_copy_accuracy", "eval_repeat_copy_accuracy"} <= set(e) for e in run["evals"].values())
     total, body = run["params"], run["non_embedding"]
     assert (run["layers"], run["width"], run["heads"], run["vocab"], run["steps"]) == (2, 32, 2, 512, 6)
     assert total - body == 512 * 32 and set(run["evals"]) == {0, 3, 6} and run["s_per_step"] > 0
@@ -124,6 +125,8 @@ def test_size_sweep_tables_real_runs_and_says_which_it_skipped(micro, tmp_path, 
     text = (tmp_path / "sweep.md").read_text()
     assert f"| 2 x 32 (2), 512 | {total / 1e6:.1f} M ({body / 1e6:.1f} M) |" in text
     assert "| step 0 | step 3 | step 6 |" in text
+    copy = run["evals"][6]["eval_copy_accuracy"]
+    assert f"| {100 * copy:.1f}% ({run['evals'][6]['eval_loss']:.2f}) |" in text
     assert "Skipped: " in text and "crashed/config.json: missing" in text
     with pytest.raises(SystemExit):
         size_sweep.main([str(tmp_path / "crashed")])
