@@ -19,13 +19,9 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-EVAL_COLUMNS = {  # trainer_state key -> column
-    "eval_loss": "code loss",
-    "eval_copy_accuracy": "cued copy",
-    "eval_copy_token_accuracy": "per token",
-    "eval_next_name_accuracy": "next name",
-    "eval_repeat_copy_accuracy": "repeated runs",
-}
+# the evaluation metrics read from trainer_state.json: code loss, then the copy metrics
+EVAL_KEYS = ("eval_loss", "eval_copy_accuracy", "eval_copy_token_accuracy", "eval_next_name_accuracy",
+             "eval_repeat_copy_accuracy")
 
 
 class SweepError(ValueError):
@@ -61,16 +57,19 @@ def read_run(run_dir: Path) -> dict:
     state = _json(run_dir / "trainer_state.json")
     evals: dict[int, dict] = {}  # step -> metrics (the trainer logs the copy metrics as an entry of their own)
     for log in state.get("log_history", []):
-        evals.setdefault(log["step"], {}).update({k: log[k] for k in EVAL_COLUMNS if k in log})
+        evals.setdefault(log["step"], {}).update({k: log[k] for k in EVAL_KEYS if k in log})
     evals = {step: metrics for step, metrics in evals.items() if "eval_loss" in metrics}
     if not evals:
         raise SweepError(f"{run_dir / 'trainer_state.json'}: no evaluation in the log history")
     total, body = parameter_counts(run_dir)
-    steps = results.get("global_step") or state.get("global_step")
-    return {"run": str(run_dir), "layers": config["num_hidden_layers"], "width": config["hidden_size"],
-            "heads": config["num_attention_heads"], "vocab": config["vocab_size"], "params": total,
-            "non_embedding": body, "steps": steps,
-            "s_per_step": results["train_seconds"] / steps if steps else None, "evals": evals}
+    try:
+        steps = results["global_step"]
+        return {"run": str(run_dir), "layers": config["num_hidden_layers"], "width": config["hidden_size"],
+                "heads": config["num_attention_heads"], "vocab": config["vocab_size"], "params": total,
+                "non_embedding": body, "steps": steps, "s_per_step": results["train_seconds"] / steps,
+                "evals": evals}
+    except (KeyError, TypeError, ZeroDivisionError) as e:
+        raise SweepError(f"{run_dir}: config.json or train_results.json lacks {e} (not a train_cpt.py run?)") from None
 
 
 def _pct(value) -> str:

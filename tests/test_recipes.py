@@ -7,6 +7,7 @@ the other tools' recipes (eval.yaml, users.yaml, realtime.yaml, ...) are tested 
 
 import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -113,16 +114,17 @@ def test_recipe_strings_and_scalars_are_typed(tmp_path):
     assert model_args.use_peft is True
 
 
-@pytest.mark.parametrize("script", ["train_cpt", "train_sft", "train_rl", "eval", "realtime_rl", "agent"])
+SCRIPTS = ("train_cpt", "train_sft", "train_rl", "eval", "realtime_rl", "agent")
+# The commands users copy: the pipeline scripts, the README, docs/ and the recipes' own comments.
+COMMAND_FILES = [*sorted(ROOT.glob("runs/*.sh")), ROOT / "README.md", *sorted(ROOT.glob("docs/*.md")), *RECIPES]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_every_script_prints_its_help(script):
     # argparse expands % in help strings: one "95% interval" once made `realtime_rl.py --help` a traceback
     help_text = importlib.import_module(script).make_parser().format_help()
     assert "--" in help_text and "Traceback" not in help_text
 
-
-# The commands users copy: the pipeline scripts, the README, docs/ and the recipes' own comments.
-COMMAND_FILES = [*sorted(ROOT.glob("runs/*.sh")), ROOT / "README.md", *sorted(ROOT.glob("docs/*.md")), *RECIPES]
-SCRIPTS = ("train_cpt", "train_sft", "train_rl", "eval", "realtime_rl", "agent")
 
 
 def parser_flags(script: str) -> set[str]:
@@ -139,8 +141,6 @@ def parser_flags(script: str) -> set[str]:
 
 def test_every_documented_command_uses_flags_its_script_accepts():
     """A renamed or removed flag breaks the commands that reproduce the README's figures: find them here."""
-    import re
-
     flags = {script: parser_flags(script) for script in SCRIPTS}
     unknown, commands = [], 0
     for path in COMMAND_FILES:
@@ -155,8 +155,6 @@ def test_every_documented_command_uses_flags_its_script_accepts():
 
 
 def test_every_referenced_script_recipe_and_module_exists():
-    import re
-
     missing = [f"{path.relative_to(ROOT)}: {ref}" for path in [*COMMAND_FILES, *ROOT.glob("*.py")]
                for ref in re.findall(r"(?<![\w/.])((?:runs/\w+\.sh|recipes/[\w/-]+\.yaml|"
                                      r"(?:bench|data|env|nanocomposer|tests)/[\w/-]+\.py))", path.read_text())

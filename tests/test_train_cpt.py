@@ -121,13 +121,15 @@ def test_size_sweep_tables_real_runs_and_says_which_it_skipped(micro, tmp_path, 
     assert (run["layers"], run["width"], run["heads"], run["vocab"], run["steps"]) == (2, 32, 2, 512, 6)
     assert total - body == 512 * 32 and set(run["evals"]) == {0, 3, 6} and run["s_per_step"] > 0
     (tmp_path / "crashed").mkdir()
-    size_sweep.main([str(out), str(tmp_path / "crashed"), "--out", str(tmp_path / "sweep.md")])
+    other = shutil.copytree(out, tmp_path / "other")  # a run whose results lack the training time
+    (other / "train_results.json").write_text('{"global_step": 6}')
+    size_sweep.main([str(out), str(tmp_path / "crashed"), str(other), "--out", str(tmp_path / "sweep.md")])
     text = (tmp_path / "sweep.md").read_text()
     assert f"| 2 x 32 (2), 512 | {total / 1e6:.1f} M ({body / 1e6:.1f} M) |" in text
     assert "| step 0 | step 3 | step 6 |" in text
     copy = run["evals"][6]["eval_copy_accuracy"]
     assert f"| {100 * copy:.1f}% ({run['evals'][6]['eval_loss']:.2f}) |" in text
-    assert "Skipped: " in text and "crashed/config.json: missing" in text
+    assert "Skipped: " in text and "crashed/config.json: missing" in text and "lacks 'train_seconds'" in text
     with pytest.raises(SystemExit):
         size_sweep.main([str(tmp_path / "crashed")])
     assert "no run could be read" in capsys.readouterr().err
