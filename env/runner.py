@@ -183,17 +183,22 @@ def sweep_leftovers() -> None:
 
 
 class _StopSignals:
-    """SIGTERM raises KeyboardInterrupt (like SIGINT) in the main thread while the run lasts."""
+    """SIGTERM raises KeyboardInterrupt (like SIGINT) in the main thread while the run lasts, once.
+
+    Later SIGTERMs are ignored while the run stops: raised inside the stop, one would cut it short and leave
+    workspaces mounted. They come unasked: a worker process whose parent is killed gets its death signal
+    once for each of the parent's threads, as each exits and the worker is reparented to the next one."""
 
     def __enter__(self):
-        self.previous = None
+        self.previous, self.stopping = None, False
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGTERM, self._raise)
         return self
 
-    @staticmethod
-    def _raise(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+    def _raise(self, signum, frame):
+        if not self.stopping:
+            self.stopping = True
+            raise KeyboardInterrupt(f"signal {signum}")
 
     def __exit__(self, *exc):
         if self.previous is not None:

@@ -279,7 +279,18 @@ def remove_workspace(path: Path) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists (sweeps of leftovers use it to tell a dead owner from a live one)."""
+    """Whether process `pid` runs (sweeps of leftovers use it to tell a dead owner from a live one).
+
+    A zombie is dead: it has exited and will never remove what it left, but it keeps its pid until its
+    parent reaps it, and a killed run's orphans wait for pid 1, which some container inits never do."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc here: ask the kernel, which cannot tell a zombie apart
+        pass
+    else:
+        return state not in ("Z", "X")
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -330,12 +330,33 @@ def test_eval_killed_midway_resumes_to_the_same_results(tmp_path, processes, kil
         proc.kill()
         proc.wait()
         assert _gone(workers), "worker processes outlived eval.py"
+        assert harness_leftovers(tmp) == [], "worker processes left workspaces behind"
     assert not killed.exists()
     proc = _eval(tmp, killed, "--resume", "--processes", processes)
     assert proc.wait(timeout=600) == 0, proc.stderr.read()
     assert _final(killed) == _final(whole)
     assert read_results(killed.with_name("killed.episodes.jsonl")) == json.loads(killed.read_text())["tasks"]
     assert harness_leftovers(tmp) == []
+
+
+def test_sigterms_after_the_first_do_not_cut_the_stop_short():
+    # a worker whose parent is killed gets its death signal once per thread of the parent; a second
+    # KeyboardInterrupt raised inside the stop would skip the cleanup (workspaces left mounted)
+    script = ("import os, signal, time\n"
+              "from env.runner import _StopSignals\n"
+              "try:\n"
+              "    with _StopSignals():\n"
+              "        try:\n"
+              "            os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)\n"
+              "        except KeyboardInterrupt:\n"
+              "            os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.5)\n"
+              "            print('cleaned up', flush=True)\n"
+              "            raise\n"
+              "except KeyboardInterrupt as e:\n"
+              "    print('stopped by', e)\n")
+    done = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["cleaned up", "stopped by signal 15"]
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])

@@ -11,6 +11,7 @@ from env.workspace import (
     PathError,
     make_workspace,
     overlay,
+    pid_alive,
     remove_workspace,
     resolve_in,
     sweep_stale_workspaces,
@@ -182,3 +183,23 @@ def test_workspaces_live_in_a_private_parent_and_stale_ones_are_swept(repo: Path
     finally:
         remove_workspace(ws)
         remove_workspace(stale)
+
+
+def test_a_workspace_whose_owner_is_a_zombie_is_swept():
+    # a killed run's worker processes are orphans; until pid 1 reaps them (some container inits never do)
+    # they keep their pids as zombies, and a sweep must still see them as dead
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.01)
+        assert not pid_alive(child.pid)
+        assert pid_alive(os.getpid())
+        stale = workspaces_root() / f"ws-{child.pid}-zomb1234"
+        stale.mkdir()
+        assert stale in sweep_stale_workspaces() and not stale.exists()
+    finally:
+        child.wait()
