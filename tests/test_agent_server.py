@@ -187,6 +187,25 @@ def test_ask_user_queue_full_kill_and_restart(tmp_path):
     server.stop()
 
 
+def test_sigterm_stops_the_server_gracefully_even_when_repeated(tmp_path):
+    """A SIGTERM reaches SessionManager.stop (uvicorn raises it again after its own shutdown, which the
+    default handler would turn into an exit before the stop), and a second one does not cut the stop short."""
+    server = Server(tmp_path, "--model", f"replay:{ask_then_submit(tmp_path)}", "--workers", "1",
+                    "--answer-timeout-s", "120")
+    waiting = server.http.post("/sessions", json={"task_dir": str(TASK)}).json()["id"]
+    server.wait_status(waiting, ("waiting",))
+    queued = server.http.post("/sessions", json={"task_dir": str(TASK)}).json()["id"]
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=60) == 0
+    assert "agent server stopped" in server.proc.stderr.read()
+    statuses = dict(server.db_rows("SELECT id, status FROM sessions"))
+    assert statuses == {waiting: "interrupted", queued: "queued"}  # the next server runs the queued one
+    reason = server.db_rows("SELECT status_reason FROM sessions WHERE id = ?", (waiting,))[0][0]
+    assert "shut down" in reason
+    server.http.close()
+
+
 @pytest.mark.parametrize("host", ["127.0.0.2"])
 def test_token_required_beyond_localhost(tmp_path, host):
     cmd = [sys.executable, "agent.py", "serve", "--host", host, "--port", "0", "--model", "noop",

@@ -3,12 +3,14 @@
 Bound to 127.0.0.1 by default. Binding anything else (another address, 0.0.0.0, a LAN interface) requires a
 token: the server runs code on this machine on behalf of whoever can reach it.
 
-At start the staged sessions a killed server left in the temp directory are removed (`sweep_stale_sessions`:
+SIGTERM (and Ctrl-C) stop it gracefully: running sessions are marked interrupted (`SessionManager.stop`), queued
+ones stay queued for the next server. At start the staged sessions a killed server left in the temp directory are removed (`sweep_stale_sessions`:
 only those whose owning process is dead, so servers sharing the machine keep theirs).
 """
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 
@@ -57,14 +59,20 @@ def serve(*, host: str, port: int, token: str | None, db: str, registry: str, co
     store = SessionStore(db)
     manager = SessionManager(store, reg, config)
     sock = bind(host, port)
+    server = uvicorn.Server(uvicorn.Config(create_app(manager, token), log_level="warning", access_log=False))
+    # uvicorn takes SIGTERM while it serves, and once shut down raises it again under the handler it found:
+    # the default one would end this process before manager.stop() below. This one asks uvicorn to stop
+    # (a SIGTERM before it serves makes it stop at once) and ignores repeats (a parent's death signal
+    # comes once per thread of the parent), so the stop always runs to its end.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "should_exit", True))
     manager.start()
     address = sock.getsockname()
     print(f"agent server on http://{host if ':' not in host else f'[{host}]'}:{address[1]} "
           f"(model {reg.current()}, {config.workers} workers, db {db}, resumed {len(manager.resumed)} queued)",
           flush=True)
-    server = uvicorn.Server(uvicorn.Config(create_app(manager, token), log_level="warning", access_log=False))
     try:
         server.run(sockets=[sock])
     finally:
         manager.stop()
         print("agent server stopped", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGTERM, previous)
