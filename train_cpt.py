@@ -59,7 +59,8 @@ class CPTArguments(CPTScriptArguments):
                           "train split is mixed into the training documents; evaluation stays on dataset_path."},
     )
     mix_fraction: float = field(
-        default=0.0, metadata={"help": "Share of the training characters taken from mix_dataset_path, in (0, 1)."}
+        default=0.0, metadata={"help": "Share of the training characters taken from mix_dataset_path, in [0, 1); "
+                                       "0: off (the path is not read), as when a recipe's mix is ablated."}
     )
     copy_eval_probes: int = field(
         default=0, metadata={"help": "Log eval/copy_accuracy on this many held-out copy probes at every "
@@ -85,8 +86,8 @@ class CPTArguments(CPTScriptArguments):
             raise ArgumentError("copy_replay_fraction", self.copy_replay_fraction, "must be in [0, 1) (0: off)")
         if self.mix_dataset_path is None and self.mix_fraction != 0:
             raise ArgumentError("mix_fraction", self.mix_fraction, "needs mix_dataset_path")
-        if self.mix_dataset_path is not None and not 0 < self.mix_fraction < 1:
-            raise ArgumentError("mix_fraction", self.mix_fraction, "must be in (0, 1) with mix_dataset_path")
+        if not 0 <= self.mix_fraction < 1:
+            raise ArgumentError("mix_fraction", self.mix_fraction, "must be in [0, 1) (0: off)")
 
 
 class PackedCausalLMTrainer(Trainer):
@@ -140,7 +141,7 @@ def main(script_args: CPTArguments, training_args: TrainingArguments, model_args
     dataset = load_splits(script_args.dataset_path, [script_args.dataset_train_split,
                                                      script_args.dataset_test_split], ["text"])
     train_documents = dataset[script_args.dataset_train_split]
-    if script_args.mix_dataset_path is not None:
+    if script_args.mix_dataset_path is not None and script_args.mix_fraction > 0:
         from data.build_copy_corpus import mix_corpora
 
         extra = load_splits(script_args.mix_dataset_path, ["train"], ["text"])["train"]

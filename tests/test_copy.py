@@ -179,6 +179,13 @@ def test_cpt_mixes_the_copy_corpus_and_logs_copy_accuracy(micro, tmp_path):  # n
                                  "--mix_fraction", "0.99"))
     with pytest.raises(SystemExit):  # a fraction without a corpus: one-line argument error
         cpt_args(micro, tmp_path / "runs3", "--mix_fraction", "0.2")
+    with pytest.raises(SystemExit):
+        cpt_args(micro, tmp_path / "runs3", "--mix_dataset_path", str(tmp_path / "copy"), "--mix_fraction", "1")
+    # 0 turns a recipe's mix off from the command line (the pretraining ablation's code-only arm): the path
+    # is not read, so a missing one does not matter
+    off = train_cpt.main(*cpt_args(micro, tmp_path / "runs4", "--mix_dataset_path", str(tmp_path / "missing"),
+                                   "--mix_fraction", "0", "--max_steps", "1"))
+    assert off["final_eval_loss"] > 0
 
 
 # --------------------------------------------------------------------------- labelled-only LM head
