@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import harness_leftovers
 
 from env.task_sets import SAMPLES_DIR
 from env.tasks import load_task_set
@@ -189,9 +190,12 @@ def test_ask_user_queue_full_kill_and_restart(tmp_path):
 
 def test_sigterm_stops_the_server_gracefully_even_when_repeated(tmp_path):
     """A SIGTERM reaches SessionManager.stop (uvicorn raises it again after its own shutdown, which the
-    default handler would turn into an exit before the stop), and a second one does not cut the stop short."""
+    default handler would turn into an exit before the stop), and a second one does not cut the stop short.
+    The running session's episode ends and removes its staged copy and workspace before the server exits."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     server = Server(tmp_path, "--model", f"replay:{ask_then_submit(tmp_path)}", "--workers", "1",
-                    "--answer-timeout-s", "120")
+                    "--answer-timeout-s", "120", env={**os.environ, "TMPDIR": str(tmp)})
     waiting = server.http.post("/sessions", json={"task_dir": str(TASK)}).json()["id"]
     server.wait_status(waiting, ("waiting",))
     queued = server.http.post("/sessions", json={"task_dir": str(TASK)}).json()["id"]
@@ -203,6 +207,7 @@ def test_sigterm_stops_the_server_gracefully_even_when_repeated(tmp_path):
     assert statuses == {waiting: "interrupted", queued: "queued"}  # the next server runs the queued one
     reason = server.db_rows("SELECT status_reason FROM sessions WHERE id = ?", (waiting,))[0][0]
     assert "shut down" in reason
+    assert harness_leftovers(tmp) == [] and list(tmp.glob("agent-session-*")) == []
     server.http.close()
 
 

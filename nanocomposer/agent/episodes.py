@@ -10,7 +10,8 @@ prompt, tools, parsing, budgets and exit statuses. What differs is only where th
                                     scripted policies read); hidden/ is NOT staged, so the server never grades
                                     with what only the simulated user knows
     run_session(task, policy, ...)  the episode on a workspace copy of the base; returns the trajectory, the
-                                    changes and the diff; the caller applies or discards, then `cleanup()`s
+                                    changes and the diff; the caller applies or discards, then `cleanup()`s;
+                                    `stopped()` true ends it at its next turn (a server shutting down)
 
 A staged task lives in `<tmp>/agent-session-<pid>-<random>`, named after the process that made it, so
 `sweep_stale_sessions` (run when `agent.py serve` and `agent.py run` start) can remove what a killed process
@@ -79,6 +80,10 @@ def stage_task_dir(task: Task, instruction: str | None = None) -> Task:
     return Task(task.id, instruction or task.instruction, task.test_command, root, task.timeout_s, meta)
 
 
+class SessionStopped(RuntimeError):
+    """Raised for the policy when its session must end now (the episode ends as policy_error with this)."""
+
+
 class ObservedPolicy:
     """The policy unchanged, plus a view of the conversation, so a finished turn's tool results can be shown.
 
@@ -89,10 +94,12 @@ class ObservedPolicy:
     as `TurnRequest(messages, tools, episode_key, turn)`, so its per-turn seeds derive from (its sampling seed,
     the key, the turn) and not from how many sessions the same policy object served before (`act` counts
     them), which depends on the worker a session landed on. Scripted policies are asked with `act`.
+
+    With `stopped`, a turn asked for once it returns true raises SessionStopped instead of generating.
     """
 
-    def __init__(self, policy, episode_key: str | None = None):
-        self.policy = policy
+    def __init__(self, policy, episode_key: str | None = None, stopped: Callable[[], bool] | None = None):
+        self.policy, self.stopped = policy, stopped
         self.name = getattr(policy, "name", type(policy).__name__)
         self.messages: list[dict] = []
         self.episode_key = episode_key
@@ -104,6 +111,8 @@ class ObservedPolicy:
 
     def act(self, messages: list[dict], tools: list[dict]):
         self.messages = messages
+        if self.stopped is not None and self.stopped():
+            raise SessionStopped("the session was stopped (the server is shutting down)")
         act_batch = getattr(self.policy, "act_batch", None)
         if self.episode_key is None or not callable(act_batch):
             return self.policy.act(messages, tools)
@@ -140,10 +149,11 @@ class SessionResult:
 
 def run_session(task: Task, policy, config: EpisodeConfig | None = None,
                 on_turn: Callable[[dict, list[str]], None] | None = None,
-                episode_key: str | None = None) -> SessionResult:
+                episode_key: str | None = None, stopped: Callable[[], bool] | None = None) -> SessionResult:
     """One episode on a staged task; `on_turn(record, results)` sees each turn with its tool results.
-    `episode_key`: what the policy's sampling seeds derive from (ObservedPolicy), recorded in the trajectory."""
-    observed = ObservedPolicy(policy, episode_key)
+    `episode_key`: what the policy's sampling seeds derive from (ObservedPolicy), recorded in the trajectory.
+    `stopped`: polled before each turn; true ends the episode there (ObservedPolicy)."""
+    observed = ObservedPolicy(policy, episode_key, stopped)
     config = dataclasses.replace(config or EpisodeConfig(), keep_workspace=True,
                                  on_turn=(lambda record: on_turn(record, observed.results_of(record)))
                                  if on_turn else None)

@@ -40,6 +40,11 @@ from nanocomposer.agent.store import TERMINAL, SessionStore
 from nanocomposer.policies import build_policy, is_scripted, seed_policy
 from nanocomposer.shared_policy import SharedPolicy
 
+# How long a stop waits for running sessions to end their episodes and remove their workspaces; whatever is
+# left after it (a long test command) the next server's sweeps remove. Under the 30 s that the real-time loop
+# and the tests give a SIGTERMed server before SIGKILL.
+STOP_WAIT_S = 20.0
+
 
 class QueueFull(Exception):
     pass
@@ -85,7 +90,9 @@ class SessionManager:
             self._threads.append(thread)
 
     def stop(self) -> None:
-        """Graceful stop: queued sessions stay queued (the next server runs them); running ones are interrupted."""
+        """Graceful stop: queued sessions stay queued (the next server runs them); running ones are interrupted:
+        marked so, then their episodes end at their next turn (a waiting one gets no answer) and remove their
+        workspaces, which the workers are given STOP_WAIT_S to do."""
         with self._cond:
             self._stopping = True
             running = list(self._running)
@@ -96,7 +103,11 @@ class SessionManager:
         with self._cond:
             shared, self._shared = [policy for policy, _ in self._shared.values()], {}
         for policy in shared:
-            policy.close()
+            policy.close()  # a turn being generated fails, so its episode ends now
+        deadline = time.monotonic() + STOP_WAIT_S
+        for thread in self._threads:
+            if thread is not threading.current_thread():  # a stop called from a worker (tests do)
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def health(self) -> dict:
         with self._cond:
@@ -274,7 +285,8 @@ class SessionManager:
             self.store.add_turn(session_id, record, results)
             self._bump(session_id)
 
-        result = run_session(task, policy, config, on_turn=on_turn, episode_key=s["sample_key"] or session_id)
+        result = run_session(task, policy, config, on_turn=on_turn, episode_key=s["sample_key"] or session_id,
+                             stopped=lambda: self._stopping)
         try:
             timed_out = result.trajectory.exit_status == ExitStatus.TIMEOUT.value
             reason = f"the session exceeded its time limit of {s['timeout_s']:g} s" if timed_out else None
