@@ -3,9 +3,10 @@
 Bound to 127.0.0.1 by default. Binding anything else (another address, 0.0.0.0, a LAN interface) requires a
 token: the server runs code on this machine on behalf of whoever can reach it.
 
-SIGTERM (and Ctrl-C) stop it gracefully: running sessions are marked interrupted (`SessionManager.stop`), queued
-ones stay queued for the next server. At start the staged sessions a killed server left in the temp directory are removed (`sweep_stale_sessions`:
-only those whose owning process is dead, so servers sharing the machine keep theirs).
+SIGTERM (and Ctrl-C) stop it gracefully: running sessions are marked interrupted and their episodes end
+(`SessionManager.stop`); queued ones stay queued for the next server. At start the staged sessions a killed
+server left in the temp directory are removed (`sweep_stale_sessions`: only those whose owning process is
+dead, so servers sharing the machine keep theirs).
 """
 
 from __future__ import annotations
