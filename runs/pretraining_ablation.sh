@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The recipe's pretraining claim, tested: three arms that differ only in their CPT, each followed by the same
-# SFT, then one comparison of the SFT models on the same held-out ladder tasks (paired intervals).
+# SFT, then one comparison of the SFT models on the same held-out ladder tasks (paired intervals); with RL=1,
+# each arm's SFT model is then trained by the same GRPO and compared with its SFT model.
 #   none   SFT straight from the base model (artifacts/base)
 #   code   CPT on the code mix alone: the tiny_long CPT with its copy-rich mix and copy warm-up turned off
 #   copy   the tiny_long CPT recipe as it is (copy warm-up, then the code mix with copy-rich synthetic code)
@@ -10,6 +11,11 @@
 #   RUN=pt ARMS="code copy" bash runs/pretraining_ablation.sh    #   THREADS=1); the last one to end compares
 #   COPY_RUN=replay15 ...     # the copy arm is an existing run's runs/replay15/{cpt,sft}, not trained again
 #   SFT_ARGS="--dataset_path artifacts/ladder6/sft/dataset ..." EVAL_TASKS=artifacts/ladder6/tasks/test ...
+#   RL=1 TRAIN_TASKS=artifacts/ladder6/tasks/train EDGE_TASKS=150 RL_ARGS="..." ...
+#     RL: screen EDGE_TASKS train tasks (greedy once, then 4 samples at temperature 1, the RL budgets), keep
+#     those solved sometimes by sampling and never by the greedy policy (data/select_edge_tasks.py
+#     --unsolved-by), GRPO on them (recipes/tiny_long/rl.yaml), then SFT vs RL on EVAL_TASKS in
+#     runs/<arm run>/eval-rl. An arm with no such task gets no RL, and says so.
 # A stage whose model is saved is skipped and a cut one resumes from its last checkpoint (the eval resumes too).
 # Recipes: recipes/tiny_long/{cpt,sft,eval}.yaml; the data and base as runs/tiny_long.sh builds them.
 set -euo pipefail
@@ -19,6 +25,10 @@ RUN=${RUN:?set RUN: the arms go to runs/\$RUN-none, runs/\$RUN-code, runs/\$RUN-
 ARMS=${ARMS:-none code copy}
 SFT_ARGS=${SFT_ARGS:-}
 EVAL_TASKS=${EVAL_TASKS:-artifacts/ladder/tasks/test}
+RL=${RL:-}
+TRAIN_TASKS=${TRAIN_TASKS:-artifacts/ladder/tasks/train}
+EDGE_TASKS=${EDGE_TASKS:-150}
+RL_ARGS=${RL_ARGS:-}
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 train=("$PY")  # training commands; THREADS caps their torch threads (two arms at once on two cores)
 if [ -n "${THREADS:-}" ]; then train=(env OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" "$PY"); fi
@@ -52,6 +62,25 @@ for arm in $ARMS; do
     "${train[@]}" train_sft.py --config recipes/tiny_long/sft.yaml --run "$run" --model_name_or_path "$start" $SFT_ARGS \
       $(resume "runs/$run/sft")
   fi
+  [ -n "$RL" ] || continue
+  edge=runs/$run/edge
+  if saved "runs/$run/rl"; then stage "$arm: RL saved at runs/$run/rl, skipped"; continue; fi
+  if [ ! -f "$edge/tasks/manifest.json" ]; then
+    stage "$arm: edge screen of runs/$run/sft on $EDGE_TASKS tasks of $TRAIN_TASKS: greedy, then 4 samples at temperature 1"
+    mkdir -p "$edge"
+    screen=(eval.py --config recipes/tiny_long/eval.yaml --policy "runs/$run/sft" --tasks "$TRAIN_TASKS"
+            --limit "$EDGE_TASKS" --max-wall-s 120 --resume --quiet)  # the RL budgets (recipes/tiny_long/rl.yaml)
+    $PY "${screen[@]}" --output "$edge/greedy.json"
+    $PY "${screen[@]}" --samples 4 --temperature 1 --output "$edge/results.json"
+    if ! $PY -m data.select_edge_tasks --results "$edge/results.episodes.jsonl" --tasks "$TRAIN_TASKS" \
+        --unsolved-by "$edge/greedy.json" --out "$edge/tasks" --overwrite; then
+      stage "$arm: no train task at the edge of runs/$run/sft (above): no RL for this arm"; continue
+    fi
+  fi
+  stage "$arm: GRPO on $edge/tasks -> runs/$run/rl"
+  # shellcheck disable=SC2046,SC2086  # RL_ARGS is a list of flags
+  "${train[@]}" train_rl.py --config recipes/tiny_long/rl.yaml --run "$run" --model_name_or_path "runs/$run/sft" \
+    --tasks_dir "$edge/tasks" $RL_ARGS $(resume "runs/$run/rl")
 done
 
 models=()
@@ -64,3 +93,17 @@ mkdir -p "runs/$RUN/pretraining"
 $PY eval.py --config recipes/tiny_long/eval.yaml --compare "${models[@]}" --tasks "$EVAL_TASKS" \
   --out-dir "runs/$RUN/pretraining" --run "$RUN" --resume --quiet
 cat "runs/$RUN/pretraining/compare.md"
+
+[ -n "$RL" ] || exit 0
+for arm in none code copy; do
+  run=$(run_of "$arm")
+  saved "runs/$run/rl" || continue
+  stage "compare: runs/$run/sft vs runs/$run/rl on $EVAL_TASKS"
+  mkdir -p "runs/$run/eval-rl"
+  # the SFT model's episodes from the comparison above are reused (--resume refuses them if any setting differs)
+  sft_episodes=runs/$RUN/pretraining/${run}__sft
+  if [ -d "$sft_episodes" ] && [ ! -e "runs/$run/eval-rl/${run}__sft" ]; then cp -r "$sft_episodes" "runs/$run/eval-rl/"; fi
+  $PY eval.py --config recipes/tiny_long/eval.yaml --compare "runs/$run/sft" "runs/$run/rl" --tasks "$EVAL_TASKS" \
+    --out-dir "runs/$run/eval-rl" --run "$RUN" --resume --quiet
+  cat "runs/$run/eval-rl/compare.md"
+done

@@ -1,0 +1,76 @@
+"""runs/pretraining_ablation.sh's control flow, with a fake interpreter that records each command and writes
+the outputs a real stage would (no model is trained): which stages run, which are skipped once saved, and
+that an arm without edge tasks gets no RL while the others go on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Writes what each command would: a stage's model, eval results, a selected task set (refused for runs named
+# in $NO_EDGE, the way data.select_edge_tasks refuses when no task is at the edge).
+FAKE_PY = r"""#!/usr/bin/env bash
+echo "$*" >> "$LOG"
+arg() { local want=$1; shift; while [ $# -gt 0 ]; do [ "$1" = "$want" ] && { echo "$2"; return; }; shift; done; }
+case "$1" in
+  train_cpt.py|train_sft.py|train_rl.py)
+    stage=${1#train_}; stage=${stage%.py}
+    mkdir -p "runs/$(arg --run "$@")/$stage"; touch "runs/$(arg --run "$@")/$stage/model.safetensors" ;;
+  eval.py)
+    if [ -n "$(arg --out-dir "$@")" ]; then mkdir -p "$(arg --out-dir "$@")"; echo table > "$(arg --out-dir "$@")/compare.md"
+    else out=$(arg --output "$@"); echo '{}' > "$out"; : > "${out%.json}.episodes.jsonl"; fi ;;
+  -m)
+    out=$(arg --out "$@")
+    case " $NO_EDGE " in *" $(basename "$(dirname "$(dirname "$out")")") "*) echo "no task at the edge" >&2; exit 2 ;; esac
+    mkdir -p "$out"; echo '{}' > "$out/manifest.json" ;;
+esac
+"""
+
+
+def run_ablation(root: Path, **env: str) -> tuple[str, list[str]]:
+    log = root / "log"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "PY": str(root / "fake_py"), "LOG": str(log), **env}
+    done = subprocess.run(["bash", "runs/pretraining_ablation.sh"], check=False, cwd=root, capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, log.read_text().splitlines() if log.exists() else []
+
+
+def test_rl_follows_each_arm_with_edge_tasks_and_reruns_skip_what_is_saved(tmp_path):
+    (tmp_path / "runs").mkdir()
+    shutil.copy(ROOT / "runs/pretraining_ablation.sh", tmp_path / "runs")
+    (tmp_path / "fake_py").write_text(FAKE_PY)
+    (tmp_path / "fake_py").chmod(0o755)
+    # the three-arm SFT comparison already holds the copy arm's SFT episodes, which the RL comparison reuses
+    (tmp_path / "runs/ab/pretraining/ab-copy__sft").mkdir(parents=True)
+    (tmp_path / "runs/ab/pretraining/ab-copy__sft/results.episodes.jsonl").write_text("sft\n")
+
+    out, calls = run_ablation(tmp_path, RUN="ab", RL="1", NO_EDGE="ab-none", EDGE_TASKS="7")
+    stages = [c.split()[0] if not c.startswith("-m") else c.split()[1] for c in calls]
+    assert stages.count("train_cpt.py") == 2 and stages.count("train_sft.py") == 3  # none has no CPT
+    rl = [c for c in calls if c.startswith("train_rl.py")]
+    assert len(rl) == 2 and not any("ab-none" in c for c in rl)
+    assert "no train task at the edge of runs/ab-none/sft" in out
+    screens = [c for c in calls if c.startswith("eval.py") and "--policy runs/ab-copy/sft" in c]
+    assert len(screens) == 2 and all("--limit 7" in c for c in screens)
+    assert "--samples 4 --temperature 1" in screens[1]
+    select = next(c for c in calls if "data.select_edge_tasks" in c and "ab-copy" in c)
+    assert "--unsolved-by runs/ab-copy/edge/greedy.json" in select
+    compares = [c for c in calls if "--compare" in c]
+    assert len(compares) == 3  # the three SFT models, then SFT vs RL for code and copy (none has no RL)
+    assert "runs/ab-none/sft runs/ab-code/sft runs/ab-copy/sft" in compares[0]
+    assert "--compare runs/ab-copy/sft runs/ab-copy/rl" in compares[2]
+    assert (tmp_path / "runs/ab-copy/eval-rl/ab-copy__sft/results.episodes.jsonl").read_text() == "sft\n"
+
+    _, again = run_ablation(tmp_path, RUN="ab", RL="1", NO_EDGE="ab-none", EDGE_TASKS="7")
+    assert not [c for c in again if c.startswith("train_")]  # every model is saved
+    # none's screen is played again (its episodes resume), the arms with RL are not screened again
+    assert not [c for c in again if "--policy runs/ab-copy/sft" in c or "--policy runs/ab-code/sft" in c]
+
+    _, without_rl = run_ablation(tmp_path, RUN="ab")
+    assert [c for c in without_rl if "--compare" in c] == [compares[0]]
