@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUN=${RUN:-long-$(date +%Y%m%d-%H%M%S)}
-EDGE_TASKS=${EDGE_TASKS:-150}   # train tasks whose pass@4 is measured before RL (spread over the rungs)
+EDGE_TASKS=${EDGE_TASKS:-180}   # train tasks screened before RL (spread over the rungs): greedy, then pass@4
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false NANOCOMPOSER_PROGRESS=${NANOCOMPOSER_PROGRESS:-1}
 stage() { echo; echo "== $* ($(date +%H:%M:%S))"; }
 t0=$(date +%s)
@@ -32,12 +32,15 @@ $PY train_cpt.py --config recipes/tiny_long/cpt.yaml --run "$RUN"
 stage "2. SFT on the ladder, held-out solve rate logged while training -> runs/$RUN/sft"
 $PY train_sft.py --config recipes/tiny_long/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt"
 
-stage "3a. the SFT model's pass@4 on $EDGE_TASKS train tasks (temperature 1, the RL budgets)"
+stage "3a. the SFT model on $EDGE_TASKS train tasks, greedy and 4 samples at temperature 1 (the RL budgets)"
 mkdir -p "runs/$RUN/edge"  # eval.py refuses an --output whose directory does not exist (a typo guard)
-$PY eval.py --config recipes/tiny_long/eval.yaml --policy "runs/$RUN/sft" --tasks artifacts/ladder/tasks/train \
-  --limit "$EDGE_TASKS" --samples 4 --temperature 1 --max-wall-s 120 --output "runs/$RUN/edge/results.json"
+screen=(eval.py --config recipes/tiny_long/eval.yaml --policy "runs/$RUN/sft" --tasks artifacts/ladder/tasks/train
+        --limit "$EDGE_TASKS" --max-wall-s 120)
+$PY "${screen[@]}" --output "runs/$RUN/edge/greedy.json"
+$PY "${screen[@]}" --samples 4 --temperature 1 --output "runs/$RUN/edge/results.json"
+# the edge: solved by some samples, never by the greedy policy (a gain there shows as new greedy solves)
 $PY -m data.select_edge_tasks --results "runs/$RUN/edge/results.episodes.jsonl" --tasks artifacts/ladder/tasks/train \
-  --out "runs/$RUN/edge/tasks" --overwrite
+  --unsolved-by "runs/$RUN/edge/greedy.json" --out "runs/$RUN/edge/tasks" --overwrite
 
 stage "3b. GRPO on the tasks at the edge of competence -> runs/$RUN/rl"
 $PY train_rl.py --config recipes/tiny_long/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft" \
