@@ -40,7 +40,9 @@ task directories) under their paths relative to the source set, and `manifest.js
 (tasks seen, samples per task, kept, all solved, all failed, ...), the pass-rate histogram ("solved/samples":
 tasks), the results files with their sha256, the run settings and the kept tasks. It is written beside --out
 and moved into place only once it loads with env.tasks.load_task_set, so a failure leaves any old --out as it
-was. Every refusal is one line on stderr and exit status 2.
+was. Every refusal is one line on stderr and exit status 2, except an honest empty result: when the results
+are sound but no task is at the edge (none in range, or all of those solved by --unsolved-by) the exit status
+is 3 (NO_EDGE_EXIT), so a pipeline can skip RL for that policy and still stop on a real error.
 """
 
 from __future__ import annotations
@@ -70,6 +72,13 @@ POOLABLE_FACTS = ("seed", "samples", "workers")
 
 class SelectionError(ValueError):
     """Input that cannot give an honest selection; the message names what and where."""
+
+
+class NoEdgeTasks(SelectionError):
+    """Sound results, but no task lies at the edge: nothing to select (exit status NO_EDGE_EXIT)."""
+
+
+NO_EDGE_EXIT = 3
 
 
 @dataclass
@@ -361,10 +370,10 @@ def select(results: str | Path, tasks: str, out: str | Path, *, min_pass: float 
     reference_solved = solved_by_reference(unsolved_by, policy, in_range) if unsolved_by is not None else set()
     kept = [task_id for task_id in in_range if task_id not in reference_solved]
     if in_range and not kept:
-        raise SelectionError(f"all {len(in_range)} tasks with {min_pass} < pass rate < {max_pass} are solved by "
+        raise NoEdgeTasks(f"all {len(in_range)} tasks with {min_pass} < pass rate < {max_pass} are solved by "
                              f"--unsolved-by {str(unsolved_by)!r}: nothing left to select")
     if not kept:
-        raise SelectionError(f"no task has {min_pass} < pass rate < {max_pass}: of {len(outcomes)} tasks "
+        raise NoEdgeTasks(f"no task has {min_pass} < pass rate < {max_pass}: of {len(outcomes)} tasks "
                              f"{kinds['all_solved']} all solved, {kinds['all_failed']} all failed, "
                              f"{kinds['outside_range']} outside the range, {kinds['too_few_outcomes']} with too few "
                              f"outcomes; histogram (solved/samples: tasks) {hist}"
@@ -428,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = select(args.results, args.tasks, args.out, min_pass=args.min_pass, max_pass=args.max_pass,
                           overwrite=args.overwrite, unsolved_by=args.unsolved_by)
+    except NoEdgeTasks as e:
+        print(f"select_edge_tasks: no task at the edge: {e}", file=sys.stderr)
+        return NO_EDGE_EXIT
     except (SelectionError, TaskError) as e:
         print(f"select_edge_tasks: error: {e}", file=sys.stderr)
         return 2

@@ -12,10 +12,10 @@
 #   COPY_RUN=replay15 ...     # the copy arm is an existing run's runs/replay15/{cpt,sft}, not trained again
 #   SFT_ARGS="--dataset_path artifacts/ladder6/sft/dataset ..." EVAL_TASKS=artifacts/ladder6/tasks/test ...
 #   RL=1 TRAIN_TASKS=artifacts/ladder6/tasks/train EDGE_TASKS=150 RL_ARGS="..." ...
-#     RL: screen EDGE_TASKS train tasks (greedy once, then 4 samples at temperature 1, the RL budgets), keep
-#     those solved sometimes by sampling and never by the greedy policy (data/select_edge_tasks.py
-#     --unsolved-by), GRPO on them (recipes/tiny_long/rl.yaml), then SFT vs RL on EVAL_TASKS in
-#     runs/<arm run>/eval-rl. An arm with no such task gets no RL, and says so.
+#     RL: screen EDGE_TASKS train tasks for the tasks at the edge (runs/edge_screen.sh: solved sometimes by
+#     sampling, never by the greedy policy), GRPO on them (recipes/tiny_long/rl.yaml), then SFT vs RL on
+#     EVAL_TASKS in runs/<arm run>/eval-rl. An arm with no such task gets no RL, and says so; a failed screen
+#     stops the script.
 # A stage whose model is saved is skipped and a cut one resumes from its last checkpoint (the eval resumes too).
 # Recipes: recipes/tiny_long/{cpt,sft,eval}.yaml; the data and base as runs/tiny_long.sh builds them.
 set -euo pipefail
@@ -67,15 +67,10 @@ for arm in $ARMS; do
   if saved "runs/$run/rl"; then stage "$arm: RL saved at runs/$run/rl, skipped"; continue; fi
   if [ ! -f "$edge/tasks/manifest.json" ]; then
     stage "$arm: edge screen of runs/$run/sft on $EDGE_TASKS tasks of $TRAIN_TASKS: greedy, then 4 samples at temperature 1"
-    mkdir -p "$edge"
-    screen=(eval.py --config recipes/tiny_long/eval.yaml --policy "runs/$run/sft" --tasks "$TRAIN_TASKS"
-            --limit "$EDGE_TASKS" --max-wall-s 120 --resume --quiet)  # the RL budgets (recipes/tiny_long/rl.yaml)
-    $PY "${screen[@]}" --output "$edge/greedy.json"
-    $PY "${screen[@]}" --samples 4 --temperature 1 --output "$edge/results.json"
-    if ! $PY -m data.select_edge_tasks --results "$edge/results.episodes.jsonl" --tasks "$TRAIN_TASKS" \
-        --unsolved-by "$edge/greedy.json" --out "$edge/tasks" --overwrite; then
-      stage "$arm: no train task at the edge of runs/$run/sft (above): no RL for this arm"; continue
-    fi
+    status=0
+    PY=$PY bash runs/edge_screen.sh "runs/$run/sft" "$TRAIN_TASKS" "$EDGE_TASKS" "$edge" || status=$?
+    if [ "$status" = 3 ]; then stage "$arm: no train task at the edge of runs/$run/sft (above): no RL for this arm"; continue; fi
+    [ "$status" = 0 ] || exit "$status"
   fi
   stage "$arm: GRPO on $edge/tasks -> runs/$run/rl"
   # shellcheck disable=SC2046,SC2086  # RL_ARGS is a list of flags

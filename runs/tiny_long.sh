@@ -33,14 +33,14 @@ stage "2. SFT on the ladder, held-out solve rate logged while training -> runs/$
 $PY train_sft.py --config recipes/tiny_long/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt"
 
 stage "3a. the SFT model on $EDGE_TASKS train tasks, greedy and 4 samples at temperature 1 (the RL budgets)"
-mkdir -p "runs/$RUN/edge"  # eval.py refuses an --output whose directory does not exist (a typo guard)
-screen=(eval.py --config recipes/tiny_long/eval.yaml --policy "runs/$RUN/sft" --tasks artifacts/ladder/tasks/train
-        --limit "$EDGE_TASKS" --max-wall-s 120)
-$PY "${screen[@]}" --output "runs/$RUN/edge/greedy.json"
-$PY "${screen[@]}" --samples 4 --temperature 1 --output "runs/$RUN/edge/results.json"
 # the edge: solved by some samples, never by the greedy policy (a gain there shows as new greedy solves)
-$PY -m data.select_edge_tasks --results "runs/$RUN/edge/results.episodes.jsonl" --tasks artifacts/ladder/tasks/train \
-  --unsolved-by "runs/$RUN/edge/greedy.json" --out "runs/$RUN/edge/tasks" --overwrite
+status=0
+PY=$PY bash runs/edge_screen.sh "runs/$RUN/sft" artifacts/ladder/tasks/train "$EDGE_TASKS" "runs/$RUN/edge" || status=$?
+if [ "$status" = 3 ]; then
+  echo "no train task at the edge of runs/$RUN/sft (above): GRPO has no signal to train on; screen more tasks" \
+    "(EDGE_TASKS=$EDGE_TASKS) or train SFT longer" >&2
+fi
+[ "$status" = 0 ] || exit "$status"
 
 stage "3b. GRPO on the tasks at the edge of competence -> runs/$RUN/rl"
 $PY train_rl.py --config recipes/tiny_long/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft" \

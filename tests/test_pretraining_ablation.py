@@ -1,6 +1,7 @@
-"""runs/pretraining_ablation.sh's control flow, with a fake interpreter that records each command and writes
-the outputs a real stage would (no model is trained): which stages run, which are skipped once saved, and
-that an arm without edge tasks gets no RL while the others go on."""
+"""runs/pretraining_ablation.sh's control flow (with runs/edge_screen.sh), with a fake interpreter that records
+each command and writes the outputs a real stage would (no model is trained): which stages run, which are
+skipped once saved, that an arm without edge tasks gets no RL while the others go on, and that a screen that
+fails for another reason stops the script."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Writes what each command would: a stage's model, eval results, a selected task set (refused for runs named
-# in $NO_EDGE, the way data.select_edge_tasks refuses when no task is at the edge).
+# Writes what each command would: a stage's model, eval results, a selected task set (for runs named in
+# $NO_EDGE, exit 3 as data.select_edge_tasks does when no task is at the edge; in $BROKEN, exit 2 as for bad input).
 FAKE_PY = r"""#!/usr/bin/env bash
 echo "$*" >> "$LOG"
 arg() { local want=$1; shift; while [ $# -gt 0 ]; do [ "$1" = "$want" ] && { echo "$2"; return; }; shift; done; }
@@ -25,27 +26,34 @@ case "$1" in
     else out=$(arg --output "$@"); echo '{}' > "$out"; : > "${out%.json}.episodes.jsonl"; fi ;;
   -m)
     out=$(arg --out "$@")
-    case " $NO_EDGE " in *" $(basename "$(dirname "$(dirname "$out")")") "*) echo "no task at the edge" >&2; exit 2 ;; esac
+    run=$(basename "$(dirname "$(dirname "$out")")")
+    case " $NO_EDGE " in *" $run "*) echo "no task at the edge" >&2; exit 3 ;; esac
+    case " ${BROKEN:-} " in *" $run "*) echo "error: bad results" >&2; exit 2 ;; esac
     mkdir -p "$out"; echo '{}' > "$out/manifest.json" ;;
 esac
 """
 
 
-def run_ablation(root: Path, **env: str) -> tuple[str, list[str]]:
+def run_ablation(root: Path, status: int = 0, **env: str) -> tuple[str, list[str]]:
     log = root / "log"
     log.unlink(missing_ok=True)
     env = {**os.environ, "PY": str(root / "fake_py"), "LOG": str(log), **env}
     done = subprocess.run(["bash", "runs/pretraining_ablation.sh"], check=False, cwd=root, capture_output=True,
                           text=True, env=env, timeout=60)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == status, done.stderr
     return done.stdout, log.read_text().splitlines() if log.exists() else []
 
 
+def fake_checkout(root: Path) -> None:
+    (root / "runs").mkdir()
+    for script in ("pretraining_ablation.sh", "edge_screen.sh"):
+        shutil.copy(ROOT / "runs" / script, root / "runs")
+    (root / "fake_py").write_text(FAKE_PY)
+    (root / "fake_py").chmod(0o755)
+
+
 def test_rl_follows_each_arm_with_edge_tasks_and_reruns_skip_what_is_saved(tmp_path):
-    (tmp_path / "runs").mkdir()
-    shutil.copy(ROOT / "runs/pretraining_ablation.sh", tmp_path / "runs")
-    (tmp_path / "fake_py").write_text(FAKE_PY)
-    (tmp_path / "fake_py").chmod(0o755)
+    fake_checkout(tmp_path)
     # the three-arm SFT comparison already holds the copy arm's SFT episodes, which the RL comparison reuses
     (tmp_path / "runs/ab/pretraining/ab-copy__sft").mkdir(parents=True)
     (tmp_path / "runs/ab/pretraining/ab-copy__sft/results.episodes.jsonl").write_text("sft\n")
@@ -74,3 +82,10 @@ def test_rl_follows_each_arm_with_edge_tasks_and_reruns_skip_what_is_saved(tmp_p
 
     _, without_rl = run_ablation(tmp_path, RUN="ab")
     assert [c for c in without_rl if "--compare" in c] == [compares[0]]
+
+
+def test_a_screen_that_fails_for_another_reason_stops_the_script(tmp_path):
+    fake_checkout(tmp_path)
+    out, calls = run_ablation(tmp_path, status=2, RUN="ab", RL="1", ARMS="none copy", BROKEN="ab-none")
+    assert "no RL for this arm" not in out
+    assert not [c for c in calls if c.startswith("train_rl.py") or "--compare" in c]  # copy never ran

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import make_calc_task
 
-from data.select_edge_tasks import MANIFEST, SelectionError, main, select
+from data.select_edge_tasks import MANIFEST, NO_EDGE_EXIT, SelectionError, main, select
 from env.episode import Trajectory
 from env.policies import GoldPolicy, NoopPolicy
 from env.runner import run_tasks
@@ -77,10 +77,12 @@ def outcomes(spec: dict[str, str], seed0: int = 0) -> list[dict]:
     return [record(task_id, seed0 + s, c == "1") for task_id, bits in spec.items() for s, c in enumerate(bits)]
 
 
-def refusal(capsys, *argv) -> str:
-    assert main([*map(str, argv)]) == 2
+def refusal(capsys, *argv, status: int = 2) -> str:
+    """One line on stderr and the exit status: 2 for bad input, NO_EDGE_EXIT for sound results with no edge."""
+    assert main([*map(str, argv)]) == status
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("select_edge_tasks: error: ")
+    prefix = "select_edge_tasks: error: " if status == 2 else "select_edge_tasks: no task at the edge: "
+    assert err.count("\n") == 0 and err.startswith(prefix)
     return err
 
 
@@ -135,7 +137,8 @@ def test_eval_results_json_with_everything_solved_is_an_empty_selection(task_dir
     assert eval_script.main(["--tasks", str(task_dir), "--policy", "gold", "--samples", "2", "--limit", "1",
                              "--workers", "2", "--quiet", "--output", str(output)]) == 0
     for results in (output, tmp_path / "gold.episodes.jsonl", tmp_path):
-        err = refusal(capsys, "--results", results, "--tasks", task_dir, "--out", tmp_path / "edge")
+        err = refusal(capsys, "--results", results, "--tasks", task_dir, "--out", tmp_path / "edge",
+                      status=NO_EDGE_EXIT)
         assert "1 all solved" in err and "{'2/2': 1}" in err
     assert not (tmp_path / "edge").exists()
 
@@ -188,9 +191,9 @@ def test_malformed_lines_are_named_by_file_and_line(task_dir, tmp_path, capsys, 
 
 
 def test_refusals_name_what_and_where(task_dir, tmp_path, capsys):
-    def refused(records, *extra, out=tmp_path / "edge"):
+    def refused(records, *extra, out=tmp_path / "edge", status=2):
         path = write_results(tmp_path / "r.episodes.jsonl", records, FACTS)
-        return refusal(capsys, "--results", path, "--tasks", task_dir, "--out", out, *extra)
+        return refusal(capsys, "--results", path, "--tasks", task_dir, "--out", out, *extra, status=status)
 
     err = refused(outcomes({"calc-mixed": "10", "other-task": "10"}))
     assert "task id(s) that --tasks" in err and "'other-task'" in err and "another task set" in err
@@ -198,7 +201,7 @@ def test_refusals_name_what_and_where(task_dir, tmp_path, capsys):
     assert "mixes policies" in err
     err = refused(outcomes({"calc-mixed": "10", "calc-solved": "1"}))
     assert "fewer than 2 samples" in err and "'calc-solved' with 1" in err and "--samples" in err
-    err = refused(outcomes({"calc-mixed": "00", "calc-solved": "11"}))
+    err = refused(outcomes({"calc-mixed": "00", "calc-solved": "11"}), status=NO_EDGE_EXIT)
     assert "no task has 0.0 < pass rate < 1.0" in err and "{'0/2': 1, '2/2': 1}" in err
     err = refused(outcomes({"calc-mixed": "10"}), out=task_dir / "edge")
     assert "overlap" in err
@@ -225,7 +228,8 @@ def test_an_existing_out_needs_overwrite_and_only_this_tools_output_is_replaced(
 def test_greedy_samples_are_named_in_an_empty_selection(task_dir, tmp_path, capsys):
     greedy = {**FACTS, "sampling": {**FACTS["sampling"], "temperature": 0.0}}
     path = write_results(tmp_path / "r.episodes.jsonl", outcomes({"calc-mixed": "00"}), greedy)
-    assert "temperature 0" in refusal(capsys, "--results", path, "--tasks", task_dir, "--out", tmp_path / "e")
+    assert "temperature 0" in refusal(capsys, "--results", path, "--tasks", task_dir, "--out", tmp_path / "e",
+                                      status=NO_EDGE_EXIT)
 
 
 def test_bounds_are_checked_before_any_work(capsys):
@@ -267,6 +271,6 @@ def test_unsolved_by_drops_the_tasks_the_same_policys_greedy_run_solves(task_dir
     solves_all = write_results(tmp_path / "a.episodes.jsonl", [record("calc-mixed", 0, True),
                                                                record("calc-solved", 0, True)])
     err = refusal(capsys, "--results", sampled, "--tasks", task_dir, "--out", tmp_path / "e3", "--unsolved-by",
-                  solves_all)
+                  solves_all, status=NO_EDGE_EXIT)
     assert "all 2 tasks" in err and "nothing left to select" in err
     assert not any((tmp_path / name).exists() for name in ("e1", "e2", "e3"))

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Tasks at the edge of a policy's competence, for GRPO: play N train tasks greedily once, then 4 samples each
+# at temperature 1 (the RL budgets of recipes/tiny_long/rl.yaml), and keep the tasks that sampling solves
+# sometimes and the greedy policy never (data/select_edge_tasks.py --unsolved-by): a gain there must show as
+# a new greedy solve. Both evals resume, so a cut screen goes on where it stopped.
+#   bash runs/edge_screen.sh runs/long/sft artifacts/ladder/tasks/train 180 runs/long/edge
+#   -> runs/long/edge/{greedy,results}.json, their episodes, and runs/long/edge/tasks (+ manifest.json)
+# Exit status 3: the screen ran but no task is at the edge (nothing written to OUT/tasks); any other failure
+# is the failing command's own status.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+if [ $# -ne 4 ]; then echo "usage: $0 POLICY TASKS N OUT" >&2; exit 2; fi
+policy=$1 tasks=$2 limit=$3 out=$4
+mkdir -p "$out"  # eval.py refuses an --output whose directory does not exist (a typo guard)
+screen=(eval.py --config recipes/tiny_long/eval.yaml --policy "$policy" --tasks "$tasks" --limit "$limit"
+        --max-wall-s 120 --resume --quiet)
+$PY "${screen[@]}" --output "$out/greedy.json"
+$PY "${screen[@]}" --samples 4 --temperature 1 --output "$out/results.json"
+exec $PY -m data.select_edge_tasks --results "$out/results.episodes.jsonl" --tasks "$tasks" \
+  --unsolved-by "$out/greedy.json" --out "$out/tasks" --overwrite
