@@ -64,7 +64,8 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     TRL logs every component's mean and std and the share of zero-std groups of the weighted sum; what it
     does not show is which component drives the advantages (a shaping term quietly outweighing the outcome
-    is how reward hacks start). Hooks `_calculate_rewards` (TRL 1.16), which sees all components.
+    is how reward hacks start). Hooks `_calculate_rewards` (TRL 1.16), which sees all components. The first
+    reward of the recipe is the task's own, so the warning names only a shaping term (`dominant_shaping_term`).
     """
 
     def __init__(self, *args, dominance_threshold: float = 0.8, **kwargs):
@@ -80,16 +81,27 @@ class AgentGRPOTrainer(GRPOTrainer):
                                   list(self.reward_func_names))
         for key, value in shares.items():
             self._metrics[mode][key].append(value)
-        top = max(self.reward_func_names, key=lambda n: shares[f"advantage_share/{n}"])
-        top_share = shares[f"advantage_share/{top}"]
-        self._metrics[mode]["advantage_share/max"].append(top_share)
         step = self.state.global_step
-        if (len(self.reward_func_names) > 1 and top_share > self.dominance_threshold
-                and step - self._last_dominance_warning >= 10):
+        top = dominant_shaping_term(shares, list(self.reward_func_names), self.dominance_threshold)
+        self._metrics[mode]["advantage_share/max"].append(max(shares[f"advantage_share/{n}"]
+                                                              for n in self.reward_func_names))
+        if top is not None and step - self._last_dominance_warning >= 10:
             self._last_dominance_warning = step
-            print0(f"[rl] warning: step {step}: reward component {top!r} makes {top_share:.0%} of the advantage "
-                  f"signal (threshold {self.dominance_threshold:.0%}); check its weight")
+            task = self.reward_func_names[0]
+            print0(f"[rl] warning: step {step}: shaping term {top!r} makes {shares[f'advantage_share/{top}']:.0%} of "
+                   f"the advantage signal (threshold {self.dominance_threshold:.0%}; the task reward {task!r} "
+                   f"{shares[f'advantage_share/{task}']:.0%}); check its weight")
         return rewards
+
+
+def dominant_shaping_term(shares: dict[str, float], names: list[str], threshold: float) -> str | None:
+    """The shaping term (any reward after the first, the task's own) whose advantage share exceeds `threshold`.
+
+    The first reward of the recipe (`outcome`, or `edit_kept` live) is what the run is for: it making most of
+    the advantage is the goal (with rewards unscaled it usually does), so only a later component is named.
+    """
+    shaping = [n for n in names[1:] if shares[f"advantage_share/{n}"] > threshold]
+    return max(shaping, key=lambda n: shares[f"advantage_share/{n}"]) if shaping else None
 
 
 def check_arguments(script_args: RLScriptArguments, training_args: GRPOConfig) -> list:

@@ -248,6 +248,20 @@ def test_advantage_shares_name_the_component_that_separates_completions():
     assert shares["zero_std_groups/outcome"] == 0.5 and shares["zero_std_groups/turns"] == 1.0
 
 
+def test_only_a_shaping_term_that_outweighs_the_threshold_is_named():
+    from train_rl import dominant_shaping_term
+
+    names = ["outcome", "turns", "parallel"]
+
+    def share(*values):
+        return {f"advantage_share/{n}": v for n, v in zip(names, values, strict=True)}
+
+    assert dominant_shaping_term(share(0.95, 0.03, 0.02), names, 0.8) is None  # the task reward leading is the goal
+    assert dominant_shaping_term(share(0.05, 0.85, 0.10), names, 0.8) == "turns"
+    assert dominant_shaping_term(share(0.10, 0.45, 0.45), names, 0.4) == "turns"  # the largest of those above
+    assert dominant_shaping_term(share(0.0, 0.0, 0.0), names, 0.8) is None  # no signal at all (zero-std batch)
+
+
 # --------------------------------------------------------------------------- workers, GRPO steps
 
 
