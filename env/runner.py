@@ -183,16 +183,23 @@ def sweep_leftovers() -> None:
 
 
 class _StopSignals:
-    """SIGTERM raises KeyboardInterrupt (like SIGINT) in the main thread while the run lasts, once.
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread while the run lasts, once.
 
-    Later SIGTERMs are ignored while the run stops: raised inside the stop, one would cut it short and leave
+    Later ones are ignored while the run stops: raised inside the stop, one would cut it short and leave
     workspaces mounted. They come unasked: a worker process whose parent is killed gets its death signal
-    once for each of the parent's threads, as each exits and the worker is reparented to the next one."""
+    once for each of the parent's threads, as each exits and the worker is reparented to the next one; and
+    an impatient second Ctrl-C is common. SIGKILL still ends a stop that hangs (the next run sweeps what it
+    leaves, `sweep_leftovers`)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __enter__(self):
-        self.previous, self.stopping = None, False
+        self.previous, self.stopping = {}, False
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self._raise)
+            # an ignored signal stays ignored (a worker ignores Ctrl-C: its parent decides; so does a job in
+            # the background)
+            self.previous = {sig: signal.signal(sig, self._raise) for sig in self.SIGNALS
+                             if signal.getsignal(sig) is not signal.SIG_IGN}
         return self
 
     def _raise(self, signum, frame):
@@ -201,8 +208,8 @@ class _StopSignals:
             raise KeyboardInterrupt(f"signal {signum}")
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def default_seed_policy(policy, seed: int) -> None:
@@ -510,26 +517,26 @@ def _run_in_processes(jobs: list[_Job], make_policy, config: EpisodeConfig, proc
                 except queue.Empty:
                     ended[n] = f"died (exit code {worker.exitcode})"
 
-    try:
-        with _StopSignals():
+    with _StopSignals():  # the stop below runs inside it too: a second Ctrl-C does not cut it short
+        try:
             for worker in workers:
                 worker.start()
             while len(ended) < processes:
                 pump(0.5)
-    except BaseException as e:  # Ctrl-C, SIGTERM, or this process failing: stop every worker cleanly
-        deliver = isinstance(e, KeyboardInterrupt)  # episodes finished while stopping are kept
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()  # SIGTERM: the worker abandons its episodes and says "stopped"
-        deadline = time.monotonic() + 150
-        while len(ended) < processes and time.monotonic() < deadline:
-            pump(0.5)
-        for worker in workers:
-            if worker.pid is not None:
-                worker.join(timeout=5)
+        except BaseException as e:  # Ctrl-C, SIGTERM, or this process failing: stop every worker cleanly
+            deliver = isinstance(e, KeyboardInterrupt)  # episodes finished while stopping are kept
+            for worker in workers:
                 if worker.is_alive():
-                    worker.kill()
-        raise
+                    worker.terminate()  # SIGTERM: the worker abandons its episodes and says "stopped"
+            deadline = time.monotonic() + 150
+            while len(ended) < processes and time.monotonic() < deadline:
+                pump(0.5)
+            for worker in workers:
+                if worker.pid is not None:
+                    worker.join(timeout=5)
+                    if worker.is_alive():
+                        worker.kill()
+            raise
     for worker in workers:
         worker.join(timeout=30)
     failures = {n: how for n, how in sorted(ended.items()) if how != "done"}
