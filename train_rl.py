@@ -97,7 +97,7 @@ class AgentGRPOTrainer(GRPOTrainer):
 def dominant_shaping_term(shares: dict[str, float], names: list[str], threshold: float) -> str | None:
     """The shaping term (any reward after the first, the task's own) whose advantage share exceeds `threshold`.
 
-    The first reward of the recipe (`outcome`, or `edit_kept` live) is what the run is for: it making most of
+    The first reward of the recipe (`outcome` in every RL recipe) is what the run is for: it making most of
     the advantage is the goal (with rewards unscaled it usually does), so only a later component is named.
     """
     shaping = [n for n in names[1:] if shares[f"advantage_share/{n}"] > threshold]

@@ -371,13 +371,13 @@ def select(results: str | Path, tasks: str, out: str | Path, *, min_pass: float 
     kept = [task_id for task_id in in_range if task_id not in reference_solved]
     if in_range and not kept:
         raise NoEdgeTasks(f"all {len(in_range)} tasks with {min_pass} < pass rate < {max_pass} are solved by "
-                             f"--unsolved-by {str(unsolved_by)!r}: nothing left to select")
+                          f"--unsolved-by {str(unsolved_by)!r}: nothing left to select")
     if not kept:
         raise NoEdgeTasks(f"no task has {min_pass} < pass rate < {max_pass}: of {len(outcomes)} tasks "
-                             f"{kinds['all_solved']} all solved, {kinds['all_failed']} all failed, "
-                             f"{kinds['outside_range']} outside the range, {kinds['too_few_outcomes']} with too few "
-                             f"outcomes; histogram (solved/samples: tasks) {hist}"
-                             + (f"; {w}" if (w := greedy_warning(facts)) else ""))
+                          f"{kinds['all_solved']} all solved, {kinds['all_failed']} all failed, "
+                          f"{kinds['outside_range']} outside the range, {kinds['too_few_outcomes']} with too few "
+                          f"outcomes; histogram (solved/samples: tasks) {hist}"
+                          + (f"; {w}" if (w := greedy_warning(facts)) else ""))
     chosen = [by_id[i] for i in kept]
     manifest = {
         "kind": MANIFEST_KIND,

@@ -518,8 +518,8 @@ class RLScriptArguments(StageArguments):
                           "vllm_mode too).", "choices": ["transformers", "vllm"]},
     )
     dominance_threshold: float = field(
-        default=0.8, metadata={"help": "Warn when one shaping reward (any after the first in reward_funcs) makes more than this share of "
-                          "the advantage."})
+        default=0.8, metadata={"help": "Warn when one shaping reward (any after the first in reward_funcs) makes "
+                                       "more than this share of the advantage."})
     log_trajectories_steps: int = field(
         default=10, metadata={"help": "Write (and log to W&B) a few full trajectories every N rollouts; 0: never."})
     log_trajectories_count: int = field(default=2, metadata={"help": "Trajectories per table."})
