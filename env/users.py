@@ -22,6 +22,11 @@ with probability `keep_noise_p`); a wrong or slow result brings a dissatisfied f
 `followup_p`; every session gets a 1-5 rating. Every feedback event is a real POST, counted, so a test can
 check that the server stored exactly what was sent.
 
+SIGTERM or Ctrl-C stops the users (`Simulation.stop`): no conversation starts after it, the ones in flight stop
+watching within a long-poll (`poll_s`) and send no more feedback, and the report of what was played is still
+written, with `stopped: true` and the conversations whose feedback the stop cut short counted
+(`stats.cut_at_stop`).
+
 This module is a pure HTTP client of the server (no import of its internals, no torch); it uses env/ only
 for what the simulated developer knows: the task set and the grader.
 """
@@ -32,6 +37,7 @@ import argparse
 import json
 import random
 import re
+import signal
 import sys
 import threading
 import time
@@ -183,6 +189,12 @@ class Simulation:
         self.accepted: list[str] = []
         self.feedback_sent: list[tuple[str, str]] = []
         self.latencies: list[dict] = []
+        self.stopping = threading.Event()  # set by stop(): the users leave (module docstring)
+        self.started: list[int] = []  # conversations that submitted their task before the stop
+
+    def stop(self) -> None:
+        """Safe from a signal handler: it only sets an event the users' threads look at."""
+        self.stopping.set()
 
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
@@ -214,6 +226,10 @@ class Simulation:
 
     # -------------------------------------------------------------- a user
     def conversation(self, index: int) -> None:
+        if self.stopping.is_set():
+            return
+        with self.lock:
+            self.started.append(index)
         rng = random.Random(f"{self.pop.seed}:{index}")
         task = self.tasks[index % len(self.tasks)]
         patience = rng.uniform(*self.pop.patience_s)
@@ -229,6 +245,9 @@ class Simulation:
                 self.accepted.append(session_id)
             unhappy = self.follow(session_id, task, patience, rng)
             if not unhappy or depth == self.pop.max_followups or rng.random() >= self.pop.followup_p:
+                return
+            if self.stopping.is_set():
+                self.count("cut_at_stop")  # its dissatisfied follow-up is not sent
                 return
             self.feedback(session_id, "followup_dissatisfied", text="wrong or slow")
             r = self._post(f"/sessions/{session_id}/messages",
@@ -250,6 +269,9 @@ class Simulation:
             after = s["turn_count"]
             if s["status"] in TERMINAL:
                 break
+            if self.stopping.is_set():  # the session runs on in the server; its feedback is never sent
+                self.count("cut_at_stop")
+                return False
             if s["status"] == "waiting" and s["question"]:
                 time.sleep(rng.uniform(*self.pop.answer_delay_s))
                 helpful = rng.random() < self.pop.answer_helpful_p
@@ -271,8 +293,9 @@ class Simulation:
         if s["diff"]:
             self.feedback(session_id, "applied")
             keep = passed != (rng.random() < self.pop.keep_noise_p)
-            if not keep:
-                time.sleep(rng.uniform(*self.pop.revert_delay_s))
+            if not keep and self.stopping.wait(rng.uniform(*self.pop.revert_delay_s)):
+                self.count("cut_at_stop")  # stopped before the revert came: it and the rating are not made up
+                return False  # and the user who left sends no follow-up
             self.feedback(session_id, "kept" if keep else "reverted")
         score = (5 if passed else 2) - (1 if slow else 0) + rng.gauss(0, self.pop.rating_noise_sd)
         self.feedback(session_id, "rating", value=float(min(5, max(1, round(score)))))
@@ -287,16 +310,18 @@ class Simulation:
         with ThreadPoolExecutor(self.pop.concurrency) as pool:
             for f in [pool.submit(self.conversation, i) for i in played]:
                 f.result()
-        unfinished = self.drain(drain_s)
+        stopped = self.stopping.is_set()
+        unfinished = [] if stopped else self.drain(drain_s)
         wall = time.monotonic() - t0
-        return {"conversations": sessions, "accepted": len(self.accepted), "accepted_ids": self.accepted,
+        return {"conversations": sessions, "stopped": stopped, "conversations_started": len(self.started),
+                "accepted": len(self.accepted), "accepted_ids": self.accepted,
                 "feedback_sent": len(self.feedback_sent), "feedback_by_kind": dict(Counter(k for _, k in
                                                                                         self.feedback_sent)),
                 "unfinished_after_drain": unfinished, "wall_s": round(wall, 3),
                 "sessions_per_s": round(len(self.accepted) / wall, 3) if wall else None,
                 "stats": dict(self.stats), "latencies": self.latencies, "population": asdict(self.pop),
                 "seed": self.pop.seed, "first_conversation": start,
-                "conversation_tasks": [self.tasks[i % len(self.tasks)].id for i in played]}
+                "conversation_tasks": [self.tasks[i % len(self.tasks)].id for i in sorted(self.started)]}
 
     def drain(self, timeout_s: float) -> list[str]:
         """Wait until every accepted session (abandoned ones too) has ended; the ids that did not."""
@@ -344,8 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TaskError) as e:
         print(f"env.users: error: {e}", file=sys.stderr)
         return 2
+    sim, stopped_by = Simulation(args.server, tasks, pop, args.token), []
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a stop still writes the report of what was played
+        signal.signal(sig, lambda signum, _: stopped_by.append(signum) or sim.stop())
     try:
-        report = Simulation(args.server, tasks, pop, args.token).run(args.sessions, start=args.start)
+        report = sim.run(args.sessions, start=args.start)
     except httpx.HTTPError as e:
         print(f"env.users: error: server {args.server}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
@@ -357,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     hidden = ("accepted_ids", "latencies", "population", "conversation_tasks")
     summary = {k: v for k, v in report.items() if k not in hidden}
     print(json.dumps({**summary, "traffic": {k: v for k, v in report["traffic"].items() if k != "tasks"}}))
-    return 0
+    return 128 + stopped_by[0] if stopped_by else 0  # the shell's status for a process its signal ended
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
 """env/users.py: the simulated developer's judgement and reactions, against a scripted fake server."""
 
+import http.server
 import json
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -195,3 +199,98 @@ def test_cli_rejects_a_range_the_task_set_does_not_have(tmp_path):
                               check=False)
         assert proc.returncode == 2 and proc.stderr.startswith(f"env.users: error: {named}"), proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_stop_ends_the_run_with_a_report_and_makes_up_no_feedback():
+    # Sessions that never end: without the stop, run() would wait out every user's patience.
+    server = FakeServer(TASK.gold_patch, finishes=False)
+    pop = Population(concurrency=2, poll_s=0.01, patience_s=(60, 60), answer_delay_s=(0, 0), answer_helpful_p=1.0)
+    sim = Simulation("http://fake", [TASK], pop, transport=httpx.MockTransport(server.handler))
+    threading.Timer(0.3, sim.stop).start()
+    t0 = time.monotonic()
+    report = sim.run(6, drain_s=60)
+    assert time.monotonic() - t0 < 10 and report["stopped"] is True
+    assert report["conversations"] == 6 and report["conversations_started"] == 2  # no conversation after the stop
+    assert len(report["conversation_tasks"]) == 2 and report["stats"]["cut_at_stop"] == 2
+    assert server.feedback == [] and report["feedback_sent"] == 0  # no "abandoned" made up for the stop
+    assert report["unfinished_after_drain"] == []  # the stop does not wait for the server's sessions
+
+
+def test_a_stop_during_the_revert_delay_sends_no_revert():
+    server = FakeServer(WRONG)
+    pop = Population(concurrency=1, poll_s=0.01, answer_delay_s=(0, 0), revert_delay_s=(30, 30), keep_noise_p=0,
+                     followup_p=1.0)
+    sim = Simulation("http://fake", [TASK], pop, transport=httpx.MockTransport(server.handler))
+    threading.Timer(0.3, sim.stop).start()
+    report = sim.run(1, drain_s=5)
+    assert [k for _, k, _ in server.feedback] == ["applied"] and report["stats"]["cut_at_stop"] == 1
+    assert report["accepted"] == 1 and report["stopped"] is True
+
+
+class _StubHandler(http.server.BaseHTTPRequestHandler):
+    """A server whose one session runs forever (long-polls answer at once)."""
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/sessions":
+            self._send(201, {"id": "s1", "status": "queued"})
+        else:
+            self.server.feedback.append(self.path)
+            self._send(201, {"id": 1})
+
+    def do_GET(self):
+        self.server.polls.append(self.path)
+        time.sleep(0.05)
+        self._send(200, {"id": "s1", "status": "running", "question": None, "turn_count": 0})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stub_server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StubHandler)
+    httpd.feedback, httpd.polls = [], []
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd
+    httpd.shutdown()
+
+
+def test_cli_sigterm_writes_the_report_of_what_was_played(tmp_path, stub_server):
+    httpd = stub_server
+    recipe = tmp_path / "users.yaml"
+    recipe.write_text("concurrency: 1\npoll_s: 0.05\npatience_s: [600, 600]\n")
+    report = tmp_path / "report.json"
+    proc = subprocess.Popen([sys.executable, "-m", "env.users", "--server", f"http://127.0.0.1:{httpd.server_port}",
+                             "--tasks", "samples", "--sessions", "3", "--recipe", str(recipe),
+                             "--report", str(report)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not httpd.polls and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)  # until the first user watches its session
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    data = json.loads(report.read_text())
+    assert data["stopped"] is True and data["conversations_started"] == 1 and data["accepted"] == 1
+    assert data["stats"]["cut_at_stop"] == 1 and httpd.feedback == [] and json.loads(out)["stopped"] is True
+
+
+def test_the_realtime_loop_keeps_the_report_of_users_it_stops_at_its_timeout(tmp_path, stub_server):
+    from nanocomposer.realtime.server import run_users
+
+    recipe = tmp_path / "users.yaml"
+    recipe.write_text("concurrency: 1\npoll_s: 0.05\npatience_s: [600, 600]\n")
+    report_path = tmp_path / "users-0.json"
+    report_path.write_text('{"stale": true}')  # an earlier attempt's: not read back as this run's
+    report = run_users(f"http://127.0.0.1:{stub_server.server_port}", "samples", 3, recipe=str(recipe), seed=0,
+                       offset=0, task_limit=5, start=0, report=report_path, log=tmp_path / "users.log", timeout_s=8)
+    assert report["stopped"] is True and report["after_s"] == 8 and "stale" not in report
+    assert report["conversations_started"] == 1 and report["accepted"] == 1 and report["stats"]["cut_at_stop"] == 1

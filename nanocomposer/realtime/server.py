@@ -115,21 +115,30 @@ def run_users(url: str, tasks: str, sessions: int, *, recipe: str, seed: int, of
     (env.users.draw_tasks). A run cut short continues with `start` past the conversations it played: the
     same users, tasks and sample keys as uncut, none played twice.
 
-    With `timeout_s` the users are stopped when it passes (their open sessions run on in the server and are
-    collected if they end before the cut-off). Returns the users' report, or {"stopped": True} when cut short.
+    With `timeout_s` the users are stopped (SIGTERM) when it passes: their open sessions run on in the server and
+    are collected if they end before the cut-off. Returns the users' report, which says `stopped` and what was
+    played when cut short (only {"stopped": True, "after_s": ...} if the users did not stop within 30 s).
     """
     cmd = [sys.executable, "-m", "env.users", "--server", url, "--tasks", tasks, "--sessions", str(sessions),
            "--recipe", recipe, "--seed", str(seed), "--offset", str(offset), "--task-limit", str(task_limit),
            "--start", str(start), "--report", str(report)]
+    report.unlink(missing_ok=True)  # what is read back below is this run's
     with open(log, "a") as log_file:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log_file, stderr=log_file,
                                 preexec_fn=_die_with_parent)  # noqa: PLW1509 (one prctl call, no locks)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-            return {"stopped": True, "after_s": timeout_s}
+            proc.send_signal(signal.SIGTERM)  # the users leave within a long-poll and write their report
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            try:
+                return {**json.loads(report.read_text()), "stopped": True, "after_s": timeout_s}
+            except (OSError, ValueError):  # killed before its report was written
+                return {"stopped": True, "after_s": timeout_s}
     if rc != 0:
         raise ServerError(f"simulated users exited with status {rc} (log {log})")
     return json.loads(report.read_text())
