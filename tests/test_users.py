@@ -272,11 +272,16 @@ def test_cli_sigterm_writes_the_report_of_what_was_played(tmp_path, stub_server)
     proc = subprocess.Popen([sys.executable, "-m", "env.users", "--server", f"http://127.0.0.1:{httpd.server_port}",
                              "--tasks", "samples", "--sessions", "3", "--recipe", str(recipe),
                              "--report", str(report)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not httpd.polls and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)  # until the first user watches its session
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
+    try:
+        deadline = time.monotonic() + 60
+        while not httpd.polls and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)  # until the first user watches its session
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # a failing test leaves no process behind
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM
     data = json.loads(report.read_text())
     assert data["stopped"] is True and data["conversations_started"] == 1 and data["accepted"] == 1
