@@ -8,30 +8,29 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUN=${RUN:-tiny-$(date +%Y%m%d-%H%M%S)}
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-stage() { echo; echo "== $* ($(date +%H:%M:%S))"; }
-t0=$(date +%s)
+source runs/stages.sh
 
-stage "data: code mix, task factory, oracle trajectories (small sizes)"
+stage data "data: code mix, task factory, oracle trajectories (small sizes)"
 SIZE=small bash runs/data.sh
 
-stage "base: tokenizer trained on the code mix + a small Llama, random init"
+stage base "base: tokenizer trained on the code mix + a small Llama, random init"
 $PY -m nanocomposer.model build --out artifacts/base --corpus artifacts/data/corpus
 
-stage "1. continued pretraining -> runs/$RUN/cpt"
+stage cpt "1. continued pretraining -> runs/$RUN/cpt"
 $PY train_cpt.py --config recipes/tiny/cpt.yaml --run "$RUN"
 
-stage "2. tool-call SFT -> runs/$RUN/sft"
+stage sft "2. tool-call SFT -> runs/$RUN/sft"
 $PY train_sft.py --config recipes/tiny/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt" \
   --check_tasks artifacts/data/tasks/val
 
-stage "3. GRPO in the harness -> runs/$RUN/rl"
+stage rl "3. GRPO in the harness -> runs/$RUN/rl"
 $PY train_rl.py --config recipes/tiny/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft"
 
-stage "4. eval: SFT vs RL on the held-out test split (projects and ladder seeds never trained on or checked during training)"
+stage eval "4. eval: SFT vs RL on the held-out test split (projects and ladder seeds never trained on or checked during training)"
 # Only checkpoints that can call tools are played: the base and CPT rows are their held-out code loss and
 # in-context copy accuracy (the model card runs/$RUN/cpt/README.md and W&B), not 500 episodes of no_tool_call.
 $PY eval.py --config recipes/tiny/eval.yaml --compare "runs/$RUN/sft" "runs/$RUN/rl" --workers 8 \
   --out-dir "runs/$RUN/eval" --run "$RUN" --wandb
 
-echo; echo "== done in $(( ($(date +%s) - t0) / 60 )) min; report: runs/$RUN/eval/compare.md"
+stages_done; echo "report: runs/$RUN/eval/compare.md"
 cat "runs/$RUN/eval/compare.md"

@@ -10,29 +10,30 @@ PY=${PY:-.venv/bin/python}
 RUN=${RUN:-long-$(date +%Y%m%d-%H%M%S)}
 EDGE_TASKS=${EDGE_TASKS:-180}   # train tasks screened before RL (spread over the rungs): greedy, then pass@4
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false NANOCOMPOSER_PROGRESS=${NANOCOMPOSER_PROGRESS:-1}
-stage() { echo; echo "== $* ($(date +%H:%M:%S))"; }
-t0=$(date +%s)
+source runs/stages.sh
 
 if [ -z "${SKIP_DATA:-}" ]; then
-  stage "data: code mix, copy-rich corpus, task ladder (300 per rung in train, 60 per rung in val and test), oracle trajectories"
+  stage corpora "data: the code mix and the copy-rich corpus"
   $PY -m data.build_corpus --out artifacts/data/corpus --max-chars 4000000 --seed 0 --overwrite
   $PY -m data.build_copy_corpus --out artifacts/data/copy_corpus_dense --documents 30000 --validation-documents 500 \
     --dense-fraction 0.6 --seed 0 --overwrite
+  stage tasks "data: the task ladder (300 per rung in train, 60 per rung in val and test); each task graded as given (must fail) and with its gold solution (must pass)"
   $PY -m data.build_tasks --out artifacts/ladder/tasks --ladder 300 --ladder-held-out 60 --ladder-only --seed 0 \
     --workers 2 --overwrite
+  stage oracle "data: oracle trajectories of the train tasks (the SFT data)"
   $PY -m data.build_sft --tasks artifacts/ladder/tasks --out artifacts/ladder/sft --variants 1 --val-tasks 40 \
     --seed 0 --concurrency 4 --overwrite
-  stage "base: tokenizer trained on the code mix + a small Llama, random init"
+  stage base "base: tokenizer trained on the code mix + a small Llama, random init"
   $PY -m nanocomposer.model build --out artifacts/base --corpus artifacts/data/corpus
 fi
 
-stage "1. continued pretraining with the copy-rich mix -> runs/$RUN/cpt (eval/copy_accuracy logged)"
+stage cpt "1. continued pretraining with the copy-rich mix -> runs/$RUN/cpt (eval/copy_accuracy logged)"
 $PY train_cpt.py --config recipes/tiny_long/cpt.yaml --run "$RUN"
 
-stage "2. SFT on the ladder, held-out solve rate logged while training -> runs/$RUN/sft"
+stage sft "2. SFT on the ladder, held-out solve rate logged while training -> runs/$RUN/sft"
 $PY train_sft.py --config recipes/tiny_long/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt"
 
-stage "3a. the SFT model on $EDGE_TASKS train tasks, greedy and 4 samples at temperature 1 (the RL budgets)"
+stage edge "3a. the SFT model on $EDGE_TASKS train tasks, greedy and 4 samples at temperature 1 (the RL budgets)"
 # the edge: solved by some samples, never by the greedy policy (a gain there shows as new greedy solves)
 status=0
 PY=$PY bash runs/edge_screen.sh "runs/$RUN/sft" artifacts/ladder/tasks/train "$EDGE_TASKS" "runs/$RUN/edge" || status=$?
@@ -42,12 +43,12 @@ if [ "$status" = 3 ]; then
 fi
 [ "$status" = 0 ] || exit "$status"
 
-stage "3b. GRPO on the tasks at the edge of competence -> runs/$RUN/rl"
+stage rl "3b. GRPO on the tasks at the edge of competence -> runs/$RUN/rl"
 $PY train_rl.py --config recipes/tiny_long/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft" \
   --tasks_dir "runs/$RUN/edge/tasks"
 
-stage "4. eval: SFT vs RL on the 360 held-out ladder tasks (test split, 60 per rung)"
+stage eval "4. eval: SFT vs RL on the 360 held-out ladder tasks (test split, 60 per rung)"
 $PY eval.py --config recipes/tiny_long/eval.yaml --compare "runs/$RUN/sft" "runs/$RUN/rl" \
   --out-dir "runs/$RUN/eval" --run "$RUN" --wandb
-echo; echo "== done in $(( ($(date +%s) - t0) / 60 )) min; report: runs/$RUN/eval/compare.md"
+stages_done; echo "report: runs/$RUN/eval/compare.md"
 cat "runs/$RUN/eval/compare.md"

@@ -1,7 +1,7 @@
-"""runs/pretraining_ablation.sh's control flow (with runs/edge_screen.sh), with a fake interpreter that records
-each command and writes the outputs a real stage would (no model is trained): which stages run, which are
-skipped once saved, that an arm without edge tasks gets no RL while the others go on, and that a screen that
-fails for another reason stops the script."""
+"""The control flow of runs/pretraining_ablation.sh and runs/tiny_long.sh (with runs/edge_screen.sh), with a
+fake interpreter that records each command and writes the outputs a real stage would (no model is trained):
+which stages run, which are skipped once saved, that an arm without edge tasks gets no RL while the others go
+on, that a screen that fails for another reason stops the script, and the stage times a preset writes."""
 
 from __future__ import annotations
 
@@ -34,11 +34,12 @@ esac
 """
 
 
-def run_ablation(root: Path, status: int = 0, **env: str) -> tuple[str, list[str]]:
+def run_ablation(root: Path, status: int = 0, script: str = "runs/pretraining_ablation.sh",
+                 **env: str) -> tuple[str, list[str]]:
     log = root / "log"
     log.unlink(missing_ok=True)
     env = {**os.environ, "PY": str(root / "fake_py"), "LOG": str(log), **env}
-    done = subprocess.run(["bash", "runs/pretraining_ablation.sh"], check=False, cwd=root, capture_output=True,
+    done = subprocess.run(["bash", script], check=False, cwd=root, capture_output=True,
                           text=True, env=env, timeout=60)
     assert done.returncode == status, done.stderr
     return done.stdout, log.read_text().splitlines() if log.exists() else []
@@ -46,7 +47,7 @@ def run_ablation(root: Path, status: int = 0, **env: str) -> tuple[str, list[str
 
 def fake_checkout(root: Path) -> None:
     (root / "runs").mkdir()
-    for script in ("pretraining_ablation.sh", "edge_screen.sh"):
+    for script in ("pretraining_ablation.sh", "edge_screen.sh", "tiny_long.sh", "stages.sh"):
         shutil.copy(ROOT / "runs" / script, root / "runs")
     (root / "fake_py").write_text(FAKE_PY)
     (root / "fake_py").chmod(0o755)
@@ -89,3 +90,34 @@ def test_a_screen_that_fails_for_another_reason_stops_the_script(tmp_path):
     out, calls = run_ablation(tmp_path, status=2, RUN="ab", RL="1", ARMS="none copy", BROKEN="ab-none")
     assert "no RL for this arm" not in out
     assert not [c for c in calls if c.startswith("train_rl.py") or "--compare" in c]  # copy never ran
+
+
+def stage_times(root: Path, run: str) -> list[str]:
+    rows = (root / "runs" / run / "stage_times.tsv").read_text().splitlines()
+    assert rows[0] == "stage\tseconds" and all(r.split("\t")[1].isdigit() for r in rows[1:])
+    return [r.split("\t")[0] for r in rows[1:]]
+
+
+def test_tiny_long_runs_every_stage_in_order_and_writes_its_stage_times(tmp_path):
+    fake_checkout(tmp_path)
+    out, calls = run_ablation(tmp_path, script="runs/tiny_long.sh", RUN="long")
+    stages = [c.split()[1] if c.startswith("-m") else c.split()[0] for c in calls]
+    assert stages == ["data.build_corpus", "data.build_copy_corpus", "data.build_tasks", "data.build_sft",
+                      "nanocomposer.model", "train_cpt.py", "train_sft.py", "eval.py", "eval.py",
+                      "data.select_edge_tasks", "train_rl.py", "eval.py"]
+    assert "--tasks_dir runs/long/edge/tasks" in calls[10]
+    assert "--compare runs/long/sft runs/long/rl" in calls[11]
+    assert stage_times(tmp_path, "long") == ["corpora", "tasks", "oracle", "base", "cpt", "sft", "edge", "rl",
+                                             "eval"]
+    assert "== done in 0 min" in out and "table" in out  # the comparison is printed
+
+    _, calls = run_ablation(tmp_path, script="runs/tiny_long.sh", RUN="long2", SKIP_DATA="1")
+    assert not [c for c in calls if c.startswith("-m data.build") or "nanocomposer.model" in c]
+    assert stage_times(tmp_path, "long2") == ["cpt", "sft", "edge", "rl", "eval"]
+
+
+def test_tiny_long_keeps_the_stage_times_of_a_run_that_fails(tmp_path):
+    fake_checkout(tmp_path)
+    _, calls = run_ablation(tmp_path, status=2, script="runs/tiny_long.sh", RUN="long", BROKEN="long")
+    assert not [c for c in calls if c.startswith("train_rl.py") or "--compare" in c]
+    assert stage_times(tmp_path, "long") == ["corpora", "tasks", "oracle", "base", "cpt", "sft", "edge"]
