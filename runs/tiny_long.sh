@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The headline pipeline on a CPU (2 cores, target under 2.5 h): the task ladder, a base that can copy,
-# SFT at scale, GRPO at the edge of competence, SFT vs RL on 360 held-out ladder tasks (six rungs).
+# The headline pipeline on a CPU: the task ladder, a base that can copy, SFT at scale, GRPO at the edge of
+# competence, SFT vs RL on 360 held-out ladder tasks (six rungs). Target under 2.5 h on 2 cores; one timed run
+# from a clean clone took 2 h 48 min (README, Results; stage times in runs/$RUN/stage_times.tsv).
 #   bash runs/tiny_long.sh                 # RUN=long-<date-time>
 #   RUN=long1 SKIP_DATA=1 bash runs/tiny_long.sh   # reuse artifacts/ladder and the copy corpus
 # Recipes: recipes/tiny_long/{cpt,sft,rl,eval}.yaml. Every stage reads the previous one's output from runs/$RUN/.
