@@ -3,6 +3,7 @@
     python -m bench.realtime ab --a runs/rt/realtime/registry/versions/v0 --b runs/rt/realtime/registry/versions/v5 \\
         --tasks factory:val --sessions 400 --recipe recipes/tiny/users.yaml --out runs/rt/ab
     python -m bench.realtime cycles runs/rt runs/rt-hack1 runs/rt-hack2 --out runs/rt/cycles.md
+    python -m bench.realtime behaviours runs/rt-hack2 [--config recipes/tiny/realtime.yaml --ask_user_handling free ...]
 
 `ab`: each arm is its own `agent.py serve` (own registry and database) facing the same simulated users: the
 same population seed and task draw, and the same server `--seed`, so conversation i of arm A and of arm B is
@@ -20,12 +21,20 @@ persisting-edit, dissatisfied, malformed-session, ask_user and edit rates, laten
 the monitor's warnings (the candidate's drift from v0 on the gate tasks; for a loop that predates the monitor,
 computed from its gate reports with the recipe's default thresholds), which is where hack 1 (malformed calls)
 and hack 2 (questions instead of edits) show across cycles.
+
+`behaviours`: the cycles' sessions split by what they did (asked a question / tried an edit and asked nothing /
+neither): how many, the mean weighted reward of each (nanocomposer/realtime/rewards.py `reward_by_behaviour`,
+the loop's own numbers), and what the users did with the edits. A reward under which `asked` out-scores
+`edited` teaches questions instead of edits (hack 2). Loops log it in collect.json; for a loop that predates
+that, or to score its sessions under another reward, give the loop's realtime_rl.py flags after the run (its
+recipe and overrides): the rewards are recomputed from the database with them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sqlite3
 import statistics
 import sys
@@ -199,6 +208,76 @@ def cmd_cycles(args) -> int:
     return 0
 
 
+def behaviour_rows(loop: Path, recipe_args: list[str] | None = None) -> list[dict]:
+    """One row per finished cycle: {cycle, served_by, <behaviour>: {sessions, reward, applied, kept, reverted}}.
+
+    The rewards are the ones the loop logged, or recomputed with `recipe_args` (realtime_rl.py flags)."""
+    from nanocomposer.realtime.config import RealtimeArguments
+    from nanocomposer.realtime.loop import facts_of_sessions
+    from nanocomposer.realtime.rewards import BEHAVIOURS, behaviour_of, reward_by_behaviour
+
+    funcs = weights = None
+    args = RealtimeArguments()  # a session's behaviour does not depend on the budgets
+    if recipe_args:
+        from trl import GRPOConfig, ModelConfig
+
+        from env.rewards import get_reward_funcs
+        from nanocomposer.config import RecipeParser
+
+        args, training_args, _ = RecipeParser((RealtimeArguments, GRPOConfig, ModelConfig)).parse_args_and_config(
+            ["--output_dir", str(loop), *recipe_args])
+        funcs = get_reward_funcs(args.reward_funcs, malformed_handling=args.malformed_handling,
+                                 ask_user_handling=args.ask_user_handling)
+        weights = training_args.reward_weights
+    rows = []
+    for folder in sorted((loop / "cycles").iterdir(), key=lambda p: int(p.name)):
+        if not (folder / "cycle.json").is_file():
+            continue
+        collected = json.loads((folder / "collect.json").read_text())
+        if funcs is None and "reward_by_behaviour/asked/mean" not in collected["rewards"]:
+            raise SystemExit(f"{folder / 'collect.json'} has no reward by behaviour (the loop predates it): give "
+                             "the loop's realtime_rl.py flags after the run (--config <recipe> and its overrides)")
+        sessions = collected["sessions"]
+        facts = facts_of_sessions(loop / "sessions.db", sessions, args)
+        rewards = reward_by_behaviour(funcs, weights, facts) if funcs is not None else collected["rewards"]
+        cycle = json.loads((folder / "cycle.json").read_text())
+        row = {"cycle": cycle["cycle"], "served_by": cycle["served_by"]}
+        for b in BEHAVIOURS:
+            mine = [x["live"] for x, f in zip(sessions, facts, strict=True) if behaviour_of(f) == b]
+            row[b] = {"sessions": len(mine), "reward": rewards[f"reward_by_behaviour/{b}/mean"],
+                      **{k: sum(bool(live.get(k)) for live in mine) for k in ("applied", "kept", "reverted")}}
+        rows.append(row)
+    return rows
+
+
+def behaviours_markdown(loop: Path, rows: list[dict]) -> str:
+    def cell(r: dict) -> str:
+        reward = "-" if math.isnan(r["reward"]) else f"{r['reward']:+.3f}"
+        return f"{r['sessions']} ({reward})"
+
+    lines = [f"## {loop}", "", "Sessions (mean weighted reward); edits applied / kept / reverted by the users.", "",
+             "| cycle | served by | asked | edited | neither | asked - edited | edits applied / kept / reverted |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        a, e = row["asked"]["reward"], row["edited"]["reward"]
+        gap = "-" if math.isnan(a) or math.isnan(e) else f"{a - e:+.3f}"
+        edits = " / ".join(str(sum(row[b][k] for b in ("asked", "edited", "neither")))
+                           for k in ("applied", "kept", "reverted"))
+        lines.append(f"| {row['cycle']} | {row['served_by']} | {cell(row['asked'])} | {cell(row['edited'])} | "
+                     f"{cell(row['neither'])} | {gap} | {edits} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_behaviours(args) -> int:
+    run = Path(args.run)
+    loop = run / "realtime" if (run / "realtime").is_dir() else run
+    text = behaviours_markdown(loop, behaviour_rows(loop, args.recipe_args))
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -223,12 +302,18 @@ def main(argv: list[str] | None = None) -> int:
     cycles = sub.add_parser("cycles", help="per-cycle live behaviour of loops (e.g. the two hack runs)")
     cycles.add_argument("runs", nargs="+", help="runs/<run> (or its realtime/ directory)")
     cycles.add_argument("--out", default=None)
+    behaviours = sub.add_parser("behaviours", help="sessions that asked vs edited, and the reward of each (hack 2)")
+    behaviours.add_argument("run", help="runs/<run> (or its realtime/ directory)")
+    behaviours.add_argument("--out", default=None)
+    behaviours.add_argument("recipe_args", nargs=argparse.REMAINDER,
+                            help="the loop's realtime_rl.py flags (--config <recipe> and its overrides): recompute "
+                                 "the rewards with them")
     args = p.parse_args(argv)
     if args.command == "ab" and args.sessions < 1:
         p.error("--sessions must be at least 1")
     if args.command == "ab" and args.seed < 0:
         p.error("--seed must be >= 0")
-    return {"ab": cmd_ab, "cycles": cmd_cycles}[args.command](args)
+    return {"ab": cmd_ab, "cycles": cmd_cycles, "behaviours": cmd_behaviours}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,32 @@ def test_session_rewards_and_the_two_hack_switches():
         get_reward_funcs(["edit_kept"])[0](None, episode=[{"dropped": False}])
 
 
+def test_reward_by_behaviour_splits_sessions_that_asked_edited_or_neither():
+    from nanocomposer.realtime.rewards import reward_by_behaviour
+
+    def facts(asks: int, edits: int, failed: int, reverted: bool, malformed: int = 0) -> dict:
+        return {"live": {"kept": False, "reverted": reverted, "dissatisfied": False}, "ask_user_calls": asks,
+                "edits": edits, "failed_edits": failed, "max_turns": 8, "malformed_calls": malformed,
+                "dropped": False}
+
+    sessions = [facts(1, 1, 1, False), facts(1, 0, 0, False), facts(0, 1, 0, True), facts(0, 0, 0, False),
+                facts(0, 2, 2, False, malformed=1)]
+    names, weights = ["edit_reverted", "failed_actions"], [0.5, 1.0]
+    free = reward_by_behaviour(get_reward_funcs(names, ask_user_handling="free"), weights, sessions)
+    assert free["reward_by_behaviour/asked/sessions"] == 2 and free["reward_by_behaviour/edited/sessions"] == 2
+    assert free["reward_by_behaviour/asked/mean"] == pytest.approx(-0.125 / 2)  # only the failed edit costs
+    assert free["reward_by_behaviour/edited/mean"] == pytest.approx((-0.5 - 0.25) / 2)
+    assert free["reward_by_behaviour/neither/mean"] == 0.0
+    fixed = reward_by_behaviour(get_reward_funcs(names), weights, sessions)
+    assert fixed["reward_by_behaviour/asked/mean"] == pytest.approx((-0.25 - 0.125) / 2)  # each question costs
+    dropped = reward_by_behaviour(get_reward_funcs(names, malformed_handling="drop"), weights,
+                                  [{**f, "dropped": f["malformed_calls"] > 0} for f in sessions])
+    assert dropped["reward_by_behaviour/edited/sessions"] == 1  # hack 1: a dropped session has no reward
+    empty = reward_by_behaviour(get_reward_funcs(names), weights, sessions[3:4])
+    assert empty["reward_by_behaviour/asked/sessions"] == 0 and empty["reward_by_behaviour/asked/mean"] != \
+        empty["reward_by_behaviour/asked/mean"]  # NaN: nothing to average
+
+
 def test_family_groups_then_mixed_leftovers():
     items = [{"family": f, "n": i} for i, f in enumerate("aaaaabbbc")]
     groups, left = make_groups(items, 2, "family", seed=0)
@@ -210,6 +236,18 @@ def test_a_version_that_degrades_live_metrics_is_rolled_back_within_one_cycle(sc
     assert "rolled back v1" in (loop.dir / "report.md").read_text()
     sessions = json.loads((loop.dir / "cycles" / "2" / "collect.json").read_text())["sessions"]
     assert sessions and {s["version"] for s in sessions} == {"v1"}
+
+    from bench.realtime import behaviour_rows, behaviours_markdown
+
+    logged = behaviour_rows(loop.dir)  # the cycles' own numbers, and the same recomputed from the database
+    collected = json.loads((loop.dir / "cycles" / "1" / "collect.json").read_text())
+    assert [r["cycle"] for r in logged] == [1, 2]
+    assert sum(logged[0][b]["sessions"] for b in ("asked", "edited", "neither")) == len(collected["sessions"])
+    assert logged[0]["edited"]["sessions"] > 0 and logged[0]["edited"]["kept"] > 0  # the oracle edits, users keep
+    recomputed = behaviour_rows(loop.dir, ["--config", str(ROOT / "recipes/tiny/realtime.yaml"), "--max_turns", "12",
+                                           "--max_new_tokens", "16", "--session_timeout_s", "60"])  # as parse()
+    assert recomputed[0]["edited"]["reward"] == pytest.approx(logged[0]["edited"]["reward"])
+    assert "| 1 | v0 |" in behaviours_markdown(loop.dir, logged)
 
 
 def test_a_corrupt_candidate_is_refused_and_current_keeps_serving(scripted_loop, tmp_path, world):

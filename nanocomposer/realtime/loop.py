@@ -34,7 +34,7 @@ from nanocomposer.agent.store import SessionStore
 from nanocomposer.realtime.collect import collect
 from nanocomposer.realtime.gate import decide, drift_warnings, evaluate, gate_markdown
 from nanocomposer.realtime.live import live_metrics, rollback_decision
-from nanocomposer.realtime.rewards import reward_summary, session_facts
+from nanocomposer.realtime.rewards import reward_by_behaviour, reward_summary, session_facts
 from nanocomposer.realtime.server import AgentServer, run_users
 from nanocomposer.realtime.state import LoopState
 from nanocomposer.realtime.traffic import training_draw
@@ -47,6 +47,18 @@ class CandidateError(ValueError):
 
 def _read(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def facts_of_sessions(db: Path, sessions: list[dict], args) -> list[dict]:
+    """session_facts of collected sessions (collect.json's `sessions`: id and the user's `live` outcome), with the
+    loop's budgets and malformed handling (RealtimeArguments)."""
+    store = SessionStore(db)
+    try:
+        return [session_facts(store.export_record(x["id"]), x["live"], max_turns=args.max_turns,
+                              token_budget=args.max_turns * args.max_new_tokens, max_wall_s=args.session_timeout_s,
+                              malformed_handling=args.malformed_handling) for x in sessions]
+    finally:
+        store.close()
 
 
 class Loop:
@@ -208,14 +220,7 @@ class Loop:
         return ids, previous
 
     def facts_of(self, sessions: list[dict]) -> list[dict]:
-        a = self.args
-        store = SessionStore(self.db)
-        try:
-            return [session_facts(store.export_record(x["id"]), x["live"], max_turns=a.max_turns,
-                                  token_budget=a.max_turns * a.max_new_tokens, max_wall_s=a.session_timeout_s,
-                                  malformed_handling=a.malformed_handling) for x in sessions]
-        finally:
-            store.close()
+        return facts_of_sessions(self.db, sessions, self.args)
 
     def phase_collect(self) -> None:
         a, s = self.args, self.state
@@ -226,6 +231,7 @@ class Loop:
         on_policy = [(x, f) for x, f in zip(data["sessions"], facts, strict=True) if not x["stale"]]
         data["live"] = live_metrics([x for x, _ in on_policy], [f for _, f in on_policy])
         data["rewards"] = reward_summary(self.funcs, self.training_args.reward_weights, facts)
+        data["rewards"].update(reward_by_behaviour(self.funcs, self.training_args.reward_weights, facts))
         write_json_atomic(self.cycle_dir() / "collect.json", data)
         self.log(f"[realtime] cycle {s.cycle}: collected {data['counts']}; late feedback {data['late_feedback']}; "
                  f"persisting edits {data['live']['persisting_edit_rate']['rate']:.1%}, dissatisfied "

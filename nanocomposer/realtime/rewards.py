@@ -5,7 +5,9 @@
 
 The components are env/rewards.py's registry entries named in the recipe (`edit_kept`, `edit_reverted`,
 `dissatisfied`, `latency`, `malformed`, `failed_actions`, ...), built by `get_reward_funcs` with the two hack
-switches, so the trainer and the logs compute the same numbers. Each is logged on its own every cycle.
+switches, so the trainer and the logs compute the same numbers. Each is logged on its own every cycle. `reward_by_behaviour` splits the weighted reward by what the session did (asked a
+question, tried an edit, neither): a reward that makes a question cheaper than an edit (hack 2) shows there as
+`asked` out-scoring `edited` before the behaviour rates move.
 """
 
 from __future__ import annotations
@@ -31,20 +33,47 @@ def component_values(funcs: list, facts: list[dict]) -> dict[str, list[float | N
     return {f.__name__: f(completions, episode=facts) for f in funcs}
 
 
-def reward_summary(funcs: list, weights: list[float] | None, facts: list[dict]) -> dict[str, float]:
-    """Mean of every component (over the sessions it scores) and of the weighted sum, for the cycle's log."""
+BEHAVIOURS = ("asked", "edited", "neither")
+
+
+def behaviour_of(facts: dict) -> str:
+    """asked: at least one ask_user call; edited: an edit_file call (applied or failed) and no question."""
+    return "asked" if facts["ask_user_calls"] else "edited" if facts["edits"] else "neither"
+
+
+def session_totals(funcs: list, weights: list[float] | None, facts: list[dict]) -> list[float | None]:
+    """The weighted reward of every session; None for one that no component scores (dropped by hack 1)."""
     values = component_values(funcs, facts)
     weights = weights or [1.0] * len(funcs)
-    out: dict[str, float] = {}
-    for name, vals in values.items():
-        scored = [v for v in vals if v is not None]
-        out[f"rewards/{name}/mean"] = sum(scored) / len(scored) if scored else math.nan
-    totals = []
+    totals: list[float | None] = []
     for i in range(len(facts)):
         row = [vals[i] for vals in values.values()]
-        if all(v is None for v in row):
-            continue  # dropped (hack 1): no reward at all
-        totals.append(sum(w * v for w, v in zip(weights, row, strict=True) if v is not None))
+        totals.append(None if all(v is None for v in row)
+                      else sum(w * v for w, v in zip(weights, row, strict=True) if v is not None))
+    return totals
+
+
+def reward_summary(funcs: list, weights: list[float] | None, facts: list[dict]) -> dict[str, float]:
+    """Mean of every component (over the sessions it scores) and of the weighted sum, for the cycle's log."""
+    out: dict[str, float] = {}
+    for name, vals in component_values(funcs, facts).items():
+        scored = [v for v in vals if v is not None]
+        out[f"rewards/{name}/mean"] = sum(scored) / len(scored) if scored else math.nan
+    totals = [t for t in session_totals(funcs, weights, facts) if t is not None]
     out["reward/mean"] = sum(totals) / len(totals) if totals else math.nan
     out["reward/scored_sessions"] = float(len(totals))
+    return out
+
+
+def reward_by_behaviour(funcs: list, weights: list[float] | None, facts: list[dict]) -> dict[str, float]:
+    """`reward_by_behaviour/<asked|edited|neither>/{mean,sessions}`: the weighted reward's mean over the scored
+    sessions of each behaviour (NaN when there are none) and their count."""
+    groups: dict[str, list[float]] = {b: [] for b in BEHAVIOURS}
+    for f, total in zip(facts, session_totals(funcs, weights, facts), strict=True):
+        if total is not None:
+            groups[behaviour_of(f)].append(total)
+    out: dict[str, float] = {}
+    for b, totals in groups.items():
+        out[f"reward_by_behaviour/{b}/mean"] = sum(totals) / len(totals) if totals else math.nan
+        out[f"reward_by_behaviour/{b}/sessions"] = float(len(totals))
     return out
