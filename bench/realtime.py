@@ -229,8 +229,11 @@ def behaviour_rows(loop: Path, recipe_args: list[str] | None = None) -> list[dic
         funcs = get_reward_funcs(args.reward_funcs, malformed_handling=args.malformed_handling,
                                  ask_user_handling=args.ask_user_handling)
         weights = training_args.reward_weights
+    missing = [str(path) for path in (loop / "cycles", loop / "sessions.db") if not path.exists()]
+    if missing:  # never let SessionStore create an empty database where a loop's should be
+        raise SystemExit(f"{loop}: not a real-time RL loop directory (missing {', '.join(missing)})")
     rows = []
-    for folder in sorted((loop / "cycles").iterdir(), key=lambda p: int(p.name)):
+    for folder in sorted((p for p in (loop / "cycles").iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
         if not (folder / "cycle.json").is_file():
             continue
         collected = json.loads((folder / "collect.json").read_text())
@@ -269,6 +272,12 @@ def behaviours_markdown(loop: Path, rows: list[dict]) -> str:
 
 
 def cmd_behaviours(args) -> int:
+    if "--out" in args.recipe_args:  # given after the run, where the recipe flags begin
+        i = args.recipe_args.index("--out")
+        if i + 1 >= len(args.recipe_args):
+            raise SystemExit("bench.realtime behaviours: --out needs a file")
+        args.out = args.recipe_args[i + 1]
+        del args.recipe_args[i:i + 2]
     run = Path(args.run)
     loop = run / "realtime" if (run / "realtime").is_dir() else run
     text = behaviours_markdown(loop, behaviour_rows(loop, args.recipe_args))

@@ -3,6 +3,7 @@ corrupt candidate, and one end-to-end cycle with real server and user processes 
 killed mid-cycle and resumed."""
 
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -122,8 +123,17 @@ def test_reward_by_behaviour_splits_sessions_that_asked_edited_or_neither():
                                   [{**f, "dropped": f["malformed_calls"] > 0} for f in sessions])
     assert dropped["reward_by_behaviour/edited/sessions"] == 1  # hack 1: a dropped session has no reward
     empty = reward_by_behaviour(get_reward_funcs(names), weights, sessions[3:4])
-    assert empty["reward_by_behaviour/asked/sessions"] == 0 and empty["reward_by_behaviour/asked/mean"] != \
-        empty["reward_by_behaviour/asked/mean"]  # NaN: nothing to average
+    assert empty["reward_by_behaviour/asked/sessions"] == 0
+    assert math.isnan(empty["reward_by_behaviour/asked/mean"])  # nothing to average
+
+
+def test_behaviours_refuses_a_directory_that_is_not_a_loop(tmp_path):
+    from bench.realtime import main
+
+    (tmp_path / "cycles").mkdir()
+    with pytest.raises(SystemExit, match="missing .*sessions.db"):
+        main(["behaviours", str(tmp_path)])
+    assert not (tmp_path / "sessions.db").exists()  # nothing created where a loop's database should be
 
 
 def test_family_groups_then_mixed_leftovers():
@@ -248,6 +258,10 @@ def test_a_version_that_degrades_live_metrics_is_rolled_back_within_one_cycle(sc
                                            "--max_new_tokens", "16", "--session_timeout_s", "60"])  # as parse()
     assert recomputed[0]["edited"]["reward"] == pytest.approx(logged[0]["edited"]["reward"])
     assert "| 1 | v0 |" in behaviours_markdown(loop.dir, logged)
+    from bench.realtime import main
+
+    out = loop.dir / "behaviours.md"  # --out after the run (where the recipe flags start) is still --out
+    assert main(["behaviours", str(loop.dir), "--out", str(out)]) == 0 and "| 2 | v1 |" in out.read_text()
 
 
 def test_a_corrupt_candidate_is_refused_and_current_keeps_serving(scripted_loop, tmp_path, world):

@@ -5,9 +5,10 @@
 
 The components are env/rewards.py's registry entries named in the recipe (`edit_kept`, `edit_reverted`,
 `dissatisfied`, `latency`, `malformed`, `failed_actions`, ...), built by `get_reward_funcs` with the two hack
-switches, so the trainer and the logs compute the same numbers. Each is logged on its own every cycle. `reward_by_behaviour` splits the weighted reward by what the session did (asked a
-question, tried an edit, neither): a reward that makes a question cheaper than an edit (hack 2) shows there as
-`asked` out-scoring `edited` before the behaviour rates move.
+switches, so the trainer and the logs compute the same numbers. Each is logged on its own every cycle.
+`reward_by_behaviour` splits the weighted reward by what the session did (asked a question, tried an edit,
+neither): a reward that makes a question cheaper than an edit (hack 2) shows there as `asked` out-scoring
+`edited` before the behaviour rates move.
 """
 
 from __future__ import annotations
