@@ -14,10 +14,13 @@ Where workspaces live, and why (the agent's files must never be a way up to a hi
   inode count): a real disk cap per workspace (writes past it fail with ENOSPC), and setuid bits on
   it are ignored by the host kernel. Without the privilege to mount (a normal user), it is a plain
   directory and `env.sandbox.Sandbox` checks its size after every run instead.
-- Copies (`make_workspace`, so also grading's copy of the agent's workspace) never carry setuid or
-  setgid bits, extended attributes (file capabilities) or special files (FIFOs, sockets, device
-  nodes: a planted FIFO would hang or crash the copy); regular files, directories and symlinks
-  (copied as links, never followed) are copied with their permission bits and mtimes.
+- Copies (`stage_tree` for a user's repository; `make_workspace`, so also grading's copy of the agent's
+  workspace) never carry setuid or setgid bits, extended attributes (file capabilities) or special
+  files (FIFOs, sockets, device nodes are never opened: a planted FIFO would hang the copy, a
+  /dev/zero node would fill the disk); regular files, directories and symlinks (copied as links,
+  never followed) are copied with their permission bits and mtimes. The tree is walked first and
+  its size and entry count checked against caps before a byte is copied; each file is opened with
+  O_NOFOLLOW|O_NONBLOCK and fstat-ed (still the regular file the walk saw?) before it is read.
 - A harness killed with SIGKILL cannot remove its workspaces: `sweep_stale_workspaces` removes those
   whose owning pid is dead (run once per process at the first `make_workspace`; call it at start-up).
   The pid check assumes every harness sharing the directory shares one pid namespace.
@@ -34,6 +37,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 
@@ -113,8 +117,10 @@ def make_workspace(src: Path, parent: Path | None = None, prefix: str = "ws-",
         _sweep_once(parent)
     dst = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
     try:
-        _mount_capped_tmpfs(dst, size_mb)
-        _copy_tree(src, dst)
+        if _mount_capped_tmpfs(dst, size_mb):  # fail fast (before copying) on what cannot fit, not with ENOSPC
+            _copy_tree(src, dst, max_files=_inode_cap(size_mb) - 1, max_bytes=size_mb * 1024 * 1024)
+        else:
+            _copy_tree(src, dst)
     except BaseException:
         remove_workspace(dst)
         raise
@@ -124,11 +130,15 @@ def make_workspace(src: Path, parent: Path | None = None, prefix: str = "ws-",
 _mount_refused = [os.geteuid() != 0]  # set after the first EPERM: root without CAP_SYS_ADMIN (containers)
 
 
+def _inode_cap(size_mb: int) -> int:
+    return max(4096, size_mb * _INODES_PER_MB)
+
+
 def _mount_capped_tmpfs(path: Path, size_mb: int) -> bool:
     """Mount a private tmpfs capped at `size_mb` on `path`; False when this process may not mount."""
     if _mount_refused[0]:
         return False
-    options = f"size={size_mb}m,nr_inodes={max(4096, size_mb * _INODES_PER_MB)},mode=0700"
+    options = f"size={size_mb}m,nr_inodes={_inode_cap(size_mb)},mode=0700"
     if _libc.mount(_MOUNT_SOURCE.encode(), os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                    options.encode()) == 0:
         return True
@@ -151,50 +161,239 @@ def _our_mounts() -> set[str]:
     return points
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy the contents of `src` into the existing directory `dst` (see make_workspace). Iterative:
-    an agent's workspace may nest deeper than Python's recursion limit."""
-    pending = [(str(src), str(dst))]
-    finish: list[tuple[str, os.stat_result]] = []  # directories: modes and mtimes last (0555 ones too)
+DEFAULT_STAGE_MAX_FILES = 20_000  # entries (files, directories, symlinks) a staged repository may hold
+DEFAULT_STAGE_MAX_BYTES = 512 * 1024 * 1024  # bytes of regular files a staged repository may hold
+_WALK_CEILING = 10  # the walk stops counting at this many times max_files (a huge tree fails fast)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_CHUNK = 1024 * 1024
+
+
+class StagingError(ValueError):
+    """A tree that cannot be staged: over a cap, or not a directory. Nothing is left at the destination."""
+
+
+@dataclass
+class StageReport:
+    """What `stage_tree` copied, and what it left out (special files, unreadable entries), by relative path."""
+
+    files: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+    bytes: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (posix relative path, why)
+
+    def describe_skipped(self, limit: int = 5) -> str:
+        """One line: how many entries were skipped and the first few (`repr`-quoted names), or ""."""
+        if not self.skipped:
+            return ""
+        shown = ", ".join(f"{path!a} ({why})" for path, why in self.skipped[:limit])
+        more = f" and {len(self.skipped) - limit} more" if len(self.skipped) > limit else ""
+        return f"{len(self.skipped)} entries not copied: {shown}{more}"
+
+
+def _special_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _human(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def stage_tree(src: Path, dest: Path, max_bytes: int | None = DEFAULT_STAGE_MAX_BYTES,
+               max_files: int | None = DEFAULT_STAGE_MAX_FILES, *, label: str = "repo",
+               bytes_flag: str | None = None, files_flag: str | None = None) -> StageReport:
+    """Copy the tree `src` into the new directory `dest` (created 0700; its parent must exist): the one way a
+    user's repository (or any tree the harness did not make) is staged.
+
+    - Only regular files, directories and symlinks are copied; symlinks as links (never followed). FIFOs,
+      sockets and character/block devices are never opened: they are skipped and listed in the report, as are
+      entries this process may not read (nothing is chmod-ed: the tree is not ours).
+    - The whole tree is walked (lstat only) BEFORE anything is copied: more than `max_files` entries (files,
+      directories and symlinks) or more than `max_bytes` bytes of regular files is a StagingError naming the
+      cap, the value and `files_flag`/`bytes_flag` (the option that raises it), and nothing is written. The
+      walk stops counting at 10x max_files, so a huge tree fails in a fraction of a second.
+    - Each file is opened with O_NOFOLLOW|O_NONBLOCK and fstat-ed before a byte is read: an entry that became a
+      symlink, a FIFO, a device or another file since the walk is skipped ("changed while copying"). Bytes
+      read are counted against `max_bytes` again (a file growing meanwhile cannot fill the disk).
+    - Permission bits are kept without setuid/setgid, as are mtimes; no extended attributes.
+    """
+    src, dest = Path(src), Path(dest)
+    if src.is_symlink() or not src.is_dir():
+        raise StagingError(f"{label} {str(src)!r} is not a directory")
+    if os.path.lexists(dest):
+        raise FileExistsError(f"staging destination {dest} already exists")
+    plan, report = _walk(src, max_bytes, max_files, label=label, bytes_flag=bytes_flag, files_flag=files_flag,
+                         grant=False)
+    os.mkdir(dest, 0o700)
+    try:
+        _copy_plan(src, dest, plan, report, max_bytes, grant=False, label=label, bytes_flag=bytes_flag)
+    except BaseException:
+        remove_workspace(dest)
+        raise
+    return report
+
+
+def _cap_hint(flag: str | None) -> str:
+    return f" ({flag})" if flag else ""
+
+
+def _walk(src: Path, max_bytes: int | None, max_files: int | None, *, label: str, bytes_flag: str | None,
+          files_flag: str | None, grant: bool) -> tuple[list, StageReport]:
+    """Every entry below `src` to copy, parents before children, without following symlinks; caps checked."""
+    report = StageReport()
+    plan: list[tuple[str, str, os.stat_result]] = []  # (relative path, "dir" | "file" | "link", lstat)
+    ceiling = None if max_files is None else max(max_files, 1) * _WALK_CEILING
+    count = total = 0
+    pending = [""]
     while pending:
-        source_dir, target_dir = pending.pop()
-        for entry in _scandir(source_dir):
-            source, target = os.path.join(source_dir, entry.name), os.path.join(target_dir, entry.name)
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                os.symlink(os.readlink(source), target)
-            elif stat.S_ISDIR(st.st_mode):
-                os.mkdir(target, 0o700)
-                pending.append((source, target))
-                finish.append((target, st))
-            elif stat.S_ISREG(st.st_mode):  # FIFOs, sockets, device nodes: never part of a task's code
-                _copy_file(source, target)
-                _copy_mode_and_times(target, st)
+        rel_dir = pending.pop()
+        try:
+            entries = _scandir(os.path.join(src, rel_dir), grant)
+        except PermissionError:  # only a caller that may not chmod (a user's tree) gets here
+            report.skipped.append((rel_dir, "unreadable directory"))
+            continue
+        except (FileNotFoundError, NotADirectoryError):  # changed since it was listed
+            report.skipped.append((rel_dir, "changed while copying"))
+            continue
+        for entry in entries:
+            rel = os.path.join(rel_dir, entry.name) if rel_dir else entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # gone since the listing
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                kind = "dir"
+                pending.append(rel)
+            elif stat.S_ISREG(st.st_mode):
+                kind = "file"
+                total += st.st_size
+            elif stat.S_ISLNK(st.st_mode):
+                kind = "link"
+            else:  # FIFOs, sockets, devices: never opened, never part of a repository's code
+                report.skipped.append((rel, _special_kind(st.st_mode)))
+                continue
+            count += 1
+            if ceiling is not None and count > ceiling:
+                raise StagingError(f"{label} has more than {ceiling} files and directories; at most {max_files}"
+                                   f"{_cap_hint(files_flag)}")
+            plan.append((rel, kind, st))
+    if max_files is not None and count > max_files:
+        raise StagingError(f"{label} has {count} files and directories; at most {max_files}{_cap_hint(files_flag)}")
+    if max_bytes is not None and total > max_bytes:
+        raise StagingError(f"{label} has {total} bytes in files ({_human(total)}); at most {max_bytes} "
+                           f"({_human(max_bytes)}){_cap_hint(bytes_flag)}")
+    return plan, report
+
+
+def _copy_plan(src: Path, dst: Path, plan: list, report: StageReport, max_bytes: int | None, *, grant: bool,
+               label: str = "repo", bytes_flag: str | None = None) -> None:
+    finish: list[tuple[str, os.stat_result]] = []  # directories: modes and mtimes last (0555 ones too)
+    for rel, kind, st in plan:
+        source, target = os.path.join(src, rel), os.path.join(dst, rel)
+        if kind == "dir":
+            os.mkdir(target, 0o700)
+            finish.append((target, st))
+            report.dirs += 1
+        elif kind == "link":
+            try:
+                link = os.readlink(source)
+            except OSError:  # no longer a symlink
+                report.skipped.append((rel, "changed while copying"))
+                continue
+            os.symlink(link, target)
+            report.symlinks += 1
+        else:
+            budget = None if max_bytes is None else max_bytes - report.bytes
+            copied = _copy_regular(source, target, st, budget, grant)
+            if isinstance(copied, str):
+                report.skipped.append((rel, copied))
+                continue
+            if copied < 0:
+                raise StagingError(f"{label} grew past {max_bytes} bytes ({_human(max_bytes or 0)}) while it was "
+                                   f"copied{_cap_hint(bytes_flag)}")
+            report.bytes += copied
+            report.files += 1
     for target, st in reversed(finish):  # children before parents: a parent's mtime is set last
-        _copy_mode_and_times(target, st)
+        os.chmod(target, stat.S_IMODE(st.st_mode) & _NO_PRIVILEGE_BITS)
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def _copy_mode_and_times(target: str, st: os.stat_result) -> None:
-    os.chmod(target, stat.S_IMODE(st.st_mode) & _NO_PRIVILEGE_BITS)
-    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+def _open_source(source: str, grant: bool) -> int | str:
+    """A read descriptor of `source` (never following a final symlink, never blocking), or why not."""
+    try:
+        return os.open(source, _READ_FLAGS)
+    except PermissionError:
+        if not grant:
+            return "unreadable"
+        _grant_owner(source, stat.S_IRUSR)  # a file the agent made unreadable (only non-root callers get here)
+        return os.open(source, _READ_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        return "changed while copying"
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # became a symlink since the walk
+            return "changed while copying"
+        raise
 
 
-def _scandir(path: str | Path) -> list[os.DirEntry]:
+def _copy_regular(source: str, target: str, st: os.stat_result, budget: int | None, grant: bool) -> int | str:
+    """Copy one regular file (checked on the open descriptor): the bytes copied; -1 when it holds more than
+    `budget` bytes; a reason (str) when it is unreadable or no longer the regular file the walk saw."""
+    fd = _open_source(source, grant)
+    if isinstance(fd, str):
+        return fd
+    try:
+        fst = os.fstat(fd)
+        if not stat.S_ISREG(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            return "changed while copying"
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            copied = 0
+            while True:
+                want = _CHUNK if budget is None else min(_CHUNK, budget - copied + 1)
+                chunk = os.read(fd, want)
+                if not chunk:
+                    break
+                copied += len(chunk)
+                if budget is not None and copied > budget:
+                    return -1
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
+            os.fchmod(out, stat.S_IMODE(fst.st_mode) & _NO_PRIVILEGE_BITS)
+            os.utime(out, ns=(fst.st_atime_ns, fst.st_mtime_ns))
+            return copied
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def _copy_tree(src: Path, dst: Path, max_files: int | None = None, max_bytes: int | None = None) -> None:
+    """Copy the contents of `src` into the existing directory `dst` (see make_workspace): `stage_tree`'s walk
+    and copy, where unreadable entries (the agent's chmod 000) are opened up instead of skipped."""
+    plan, report = _walk(src, max_bytes, max_files, label=f"workspace source {str(src)!r}",
+                         bytes_flag="the workspace's size cap", files_flag="the workspace's inode cap", grant=True)
+    _copy_plan(src, dst, plan, report, max_bytes, grant=True, label=f"workspace source {str(src)!r}",
+               bytes_flag="the workspace's size cap")
+
+
+def _scandir(path: str | Path, grant: bool = True) -> list[os.DirEntry]:
     try:
         with os.scandir(path) as it:
             return list(it)
     except PermissionError:  # a directory the agent made unreadable (only non-root callers get here)
+        if not grant:
+            raise
         _grant_owner(path, stat.S_IRWXU)
         with os.scandir(path) as it:
             return list(it)
-
-
-def _copy_file(source: str, target: str) -> None:
-    try:
-        shutil.copyfile(source, target, follow_symlinks=False)
-    except PermissionError:  # a file the agent made unreadable (only non-root callers get here)
-        _grant_owner(source, stat.S_IRUSR)
-        shutil.copyfile(source, target, follow_symlinks=False)
 
 
 def _grant_owner(path: str | Path, bits: int) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,21 +31,40 @@ from pathlib import Path
 
 from env.episode import EpisodeConfig, Trajectory, TurnRequest, run_episode
 from env.tasks import Task
-from env.workspace import remove_dead_owned, remove_workspace
+from env.workspace import (
+    DEFAULT_STAGE_MAX_BYTES,
+    DEFAULT_STAGE_MAX_FILES,
+    StageReport,
+    remove_dead_owned,
+    remove_workspace,
+    stage_tree,
+)
 from nanocomposer.agent.changes import Change, compute_changes, render_diff
 
 STAGING_PREFIX = "agent-session-"
 _STAGING_NAME = re.compile(rf"^{STAGING_PREFIX}(\d+)-[a-z0-9_]{{8}}$")  # <prefix><pid>-<mkdtemp's 8 characters>
 
 
-def _staging_root(source: Path) -> Path:
+def _staging_root(source: Path, max_bytes: int | None = DEFAULT_STAGE_MAX_BYTES,
+                  max_files: int | None = DEFAULT_STAGE_MAX_FILES, bytes_flag: str | None = None,
+                  files_flag: str | None = None) -> tuple[Path, StageReport]:
+    """A new staging directory with `source` copied to its repo/ by `env.workspace.stage_tree`: regular files,
+    directories and symlinks only (special files skipped and listed in the report), caps checked before
+    copying (StagingError naming the cap)."""
     root = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
     try:
-        shutil.copytree(source, root / "repo", symlinks=True)
+        report = stage_tree(source, root / "repo", max_bytes, max_files, label="repo",
+                            bytes_flag=bytes_flag, files_flag=files_flag)
     except BaseException:
         remove_workspace(root)
         raise
-    return root
+    return root, report
+
+
+def _staging_meta(report: StageReport) -> dict:
+    return {"staged": {"files": report.files, "dirs": report.dirs, "symlinks": report.symlinks,
+                       "bytes": report.bytes, "skipped": [list(s) for s in report.skipped[:100]],
+                       "skipped_count": len(report.skipped)}}
 
 
 def sweep_stale_sessions(parent: Path | None = None) -> list[Path]:
@@ -59,21 +77,27 @@ def sweep_stale_sessions(parent: Path | None = None) -> list[Path]:
 
 
 def stage_repo(repo: Path, instruction: str, test_command: str | None = None,
-               gold_patch: str | None = None) -> Task:
-    """A task over a private copy of `repo` (taken now: later edits to `repo` do not reach the session)."""
+               gold_patch: str | None = None, *, max_bytes: int | None = DEFAULT_STAGE_MAX_BYTES,
+               max_files: int | None = DEFAULT_STAGE_MAX_FILES, bytes_flag: str | None = None,
+               files_flag: str | None = None) -> Task:
+    """A task over a private copy of `repo` (taken now: later edits to `repo` do not reach the session).
+
+    The copy is `env.workspace.stage_tree`'s: at most `max_files` entries and `max_bytes` bytes of files, checked
+    before anything is copied (StagingError, a ValueError, naming the cap and `files_flag`/`bytes_flag`);
+    FIFOs, sockets and device nodes are skipped, never opened, and listed in `task.meta["staged"]["skipped"]`."""
     repo = Path(repo).resolve()
     if not repo.is_dir():
         raise NotADirectoryError(f"repository {str(repo)!r} is not a directory")
-    root = _staging_root(repo)
+    root, report = _staging_root(repo, max_bytes, max_files, bytes_flag, files_flag)
     if gold_patch:
         (root / "gold.patch").write_text(gold_patch)
     return Task(f"repo:{repo.name}", instruction, test_command or "", root,
-                meta={"source": "repo", "repo": str(repo), "has_tests": bool(test_command)})
+                meta={"source": "repo", "repo": str(repo), "has_tests": bool(test_command), **_staging_meta(report)})
 
 
 def stage_task_dir(task: Task, instruction: str | None = None) -> Task:
     """The task without its hidden/ directory, in a private copy (its instruction, optionally replaced)."""
-    root = _staging_root(task.repo_dir)
+    root, _ = _staging_root(task.repo_dir)
     if task.gold_patch:
         (root / "gold.patch").write_text(task.gold_patch)
     meta = {**task.meta, "source": "task_dir", "task_dir": str(task.root), "has_tests": True}
