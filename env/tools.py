@@ -23,11 +23,13 @@ import copy
 import functools
 import inspect
 import logging
+import os
 import re
 import shlex
 import shutil
 import stat
 import subprocess
+import tempfile
 import time
 import types
 import typing
@@ -109,6 +111,102 @@ def iter_files(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(root).parts)
 
 
+def _lines(text: str) -> list[str]:
+    """Lines as edit_file, grep and `wc -l` count them: split at "\n" only (not at "\r", form feeds or U+2028,
+    which str.splitlines also splits at); a CRLF line is shown without its "\r"."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _encode(text: str, name: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ToolError(f"{name} is not valid text (character {e.start} is a lone surrogate)") from None
+
+
+def _editable_text(path: str, data: bytes) -> str:
+    """The file's text, decoded exactly (no newline translation), or ToolError for a file edit_file must not
+    rewrite: binary (a NUL byte) or not UTF-8. Decoding and re-encoding valid UTF-8 gives the same bytes."""
+    if b"\0" in data:
+        raise ToolError(f"{path} is a binary file (it contains NUL bytes); edit_file edits UTF-8 text only and left "
+                        "it unchanged (change it with run)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ToolError(f"{path} is not UTF-8 text (byte {e.start} is not valid UTF-8); edit_file left it unchanged "
+                        "(change it with run)") from None
+
+
+def _locate(path: str, text: str, old_str: str, new_str: str) -> tuple[int, int, str]:
+    """Where old_str occurs in `text` (exactly once) and what replaces it: (start, end, replacement).
+
+    Exact text first. In a file with CRLF line endings an old_str written with "\n" only also matches where
+    each of its "\n" stands for "\r\n" (or "\n") in the file. The replacement is new_str as given, except that
+    its line endings follow the file's: "\r\n" in a file whose every line ends so, and where old_str only
+    matched through CRLF, in the matched text; so only the replaced bytes change, in the file's own style."""
+    count = text.count(old_str)
+    crlf_file = "\r\n" in text and "\n" not in text.replace("\r\n", "")
+    if count == 1:
+        start = text.index(old_str)
+        return start, start + len(old_str), _with_endings(new_str, crlf_file)
+    if count == 0 and "\r\n" in text and "\n" in old_str and "\r" not in old_str:
+        pattern = re.compile("\r?\n".join(re.escape(part) for part in old_str.split("\n")))
+        matches = list(pattern.finditer(text))
+        if len(matches) == 1:
+            found = matches[0].group()
+            crlf = found.count("\r\n") * 2 >= found.count("\n")
+            return matches[0].start(), matches[0].end(), _with_endings(new_str, crlf)
+        count = len(matches)
+    if count == 0:
+        raise ToolError(f"old_str was not found in {path}; read the file and copy the text exactly")
+    raise ToolError(f"old_str occurs {count} times in {path}; include more lines to make it unique")
+
+
+def _with_endings(text: str, crlf: bool) -> str:
+    return text.replace("\r\n", "\n").replace("\n", "\r\n") if crlf else text
+
+
+def _write_new(target: Path, data: bytes) -> None:
+    """Create `target` (it must not exist; never through a symlink) holding exactly `data`."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(data)
+    except BaseException:
+        os.close(fd)
+        target.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+
+
+def _replace_contents(file: Path, data: bytes) -> None:
+    """`file` now holds exactly `data`, its permission bits kept: written to a new file beside it, then renamed
+    over it, so a failed write (a full disk) leaves the old contents whole."""
+    if not os.access(file, os.W_OK):
+        raise ToolError(f"{file.name} is not writable (permission bits {stat.S_IMODE(file.lstat().st_mode):o})")
+    mode = stat.S_IMODE(file.lstat().st_mode)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".edit-", dir=file.parent)
+    except PermissionError:  # a read-only directory (only non-root callers get here): write in place
+        with open(file, "r+b") as f:
+            f.write(data)
+            f.truncate()
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), mode)
+        os.replace(tmp, file)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 class CodeTools:
     """Tools over one episode's workspace. Construct one per episode.
 
@@ -145,8 +243,11 @@ class CodeTools:
             start_line: First line to show (1-based). Default: the first line.
             end_line: Last line to show (inclusive). Default: the last line.
         """
-        file = self._file(path)
-        lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
+        data = self._read_bytes(path)
+        if b"\0" in data:
+            return f"({path} is a binary file of {len(data)} bytes; read_file shows text only: inspect it with run, " \
+                   f"e.g. xxd {shlex.quote(path)} | head)"
+        lines = _lines(data.decode("utf-8", errors="replace"))
         start = max(1, start_line or 1)
         end = min(len(lines), end_line or len(lines))
         if lines and start > len(lines):
@@ -164,23 +265,21 @@ class CodeTools:
             old_str: The exact text to replace (with its indentation), or "" to create a file.
             new_str: The replacement text.
         """
+        new_bytes = _encode(new_str, "new_str")
         target = self._resolve(path)
         if old_str == "":
             if target.exists() or target.is_symlink():
                 raise ToolError(f"{path} already exists; to change it, pass the text to replace as old_str")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(new_str, encoding="utf-8")
+            _write_new(target, new_bytes)
             return f"Created {path} ({len(new_str.splitlines())} lines)."
+        _encode(old_str, "old_str")
         file = self._file(path)
-        # surrogateescape: bytes that are not UTF-8 survive the round trip untouched (old_str cannot match them)
-        text = file.read_text(encoding="utf-8", errors="surrogateescape")
-        count = text.count(old_str)
-        if count == 0:
-            raise ToolError(f"old_str was not found in {path}; read the file and copy the text exactly")
-        if count > 1:
-            raise ToolError(f"old_str occurs {count} times in {path}; include more lines to make it unique")
-        line = text[: text.index(old_str)].count("\n") + 1
-        file.write_text(text.replace(old_str, new_str, 1), encoding="utf-8", errors="surrogateescape")
+        data = self._read_bytes(path, file)
+        text = _editable_text(path, data)
+        start, end, replacement = _locate(path, text, old_str, new_str)
+        line = text[:start].count("\n") + 1
+        _replace_contents(file, (text[:start] + replacement + text[end:]).encode("utf-8"))
         return f"Edited {path} at line {line}: replaced {len(old_str.splitlines())} line(s) " \
                f"with {len(new_str.splitlines())}."
 
@@ -358,6 +457,24 @@ class CodeTools:
             raise ToolError(f"{path} is {size} bytes; files over {MAX_READ_BYTES} bytes are not read "
                             "(inspect it with run, e.g. head or grep)")
         return file
+
+    def _read_bytes(self, path: str, file: Path | None = None) -> bytes:
+        """The bytes of the regular file `path` (at most MAX_READ_BYTES), read without following a final
+        symlink and without blocking on a FIFO (checked on the open descriptor, not only by name)."""
+        file = file or self._file(path)
+        try:
+            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as e:
+            raise ToolError(f"{path} cannot be read: {e.strerror or e}") from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolError(f"{path} is not a regular file")
+            data = f.read(MAX_READ_BYTES + 1)
+        if len(data) > MAX_READ_BYTES:
+            raise ToolError(f"{path} is over {MAX_READ_BYTES} bytes; files that large are not read "
+                            "(inspect it with run, e.g. head or grep)")
+        return data
 
     def _time_left(self, timeout_s: float) -> float:
         """`timeout_s` capped to the time left before `deadline`; ToolError once it has passed."""
