@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from env.budget import Budget, BudgetError
+from env.workspace import DEFAULT_STAGE_MAX_BYTES, DEFAULT_STAGE_MAX_FILES
 
 DEFAULT_HOME = Path("runs") / "agent"
 EXIT_ERROR = 2
@@ -91,6 +92,12 @@ def make_parser() -> argparse.ArgumentParser:
     decide.add_argument("--yes", action="store_true", help="apply the changes without asking")
     decide.add_argument("--no-apply", action="store_true", help="only show the diff")
     run.add_argument("--output", default=None, help="also write the diff to this file")
+    run.add_argument("--max-files", type=int, default=DEFAULT_STAGE_MAX_FILES,
+                     help="refuse a repository with more entries (files, directories, symlinks) than this, before "
+                          "copying anything (default: %(default)s)")
+    run.add_argument("--max-mb", type=int, default=DEFAULT_STAGE_MAX_BYTES // (1024 * 1024),
+                     help="refuse a repository whose files hold more MiB than this, before copying anything "
+                          "(default: %(default)s)")
     run.add_argument("--gold-patch", default=None, help=argparse.SUPPRESS)  # tests: the gold policy's patch
     _episode_args(run)
 
@@ -151,30 +158,51 @@ def _build_policy(spec: str, budget: Budget, backend: str):
 
 def cmd_run(args) -> int:
     from rich.console import Console
+    from rich.text import Text
 
     from env.episode import EpisodeConfig
+    from env.workspace import StagingError
     from nanocomposer.agent.changes import ApplyError, apply_changes
     from nanocomposer.agent.episodes import run_session, stage_repo, sweep_stale_sessions
-    from nanocomposer.agent.terminal import TurnPrinter, confirm, print_diff, terminal_answerer
+    from nanocomposer.agent.terminal import TurnPrinter, confirm, print_diff, printable, terminal_answerer
+
+    def error(message: str) -> int:  # one line, nothing in it a terminal would act on
+        return fail(printable(message, newlines=False))
 
     repo = Path(args.repo)
     try:
         budget = _budget(args, args.max_wall_s, "--max-wall-s")
     except ValueError as e:
-        return fail(str(e))
+        return error(str(e))
+    for flag, value in (("--max-files", args.max_files), ("--max-mb", args.max_mb)):
+        if value < 1:
+            return error(f"{flag} {value}: must be at least 1")
     if not repo.is_dir():
-        return fail(f"--repo {args.repo!r} is not a directory")
+        return error(f"--repo {args.repo!r} is not a directory")
     try:
         policy = _build_policy(_model_spec(args), budget, args.backend)
         gold = Path(args.gold_patch).read_text() if args.gold_patch else None
     except (ValueError, OSError) as e:
-        return fail(str(e))
+        return error(str(e))
     sweep_stale_sessions()  # what killed runs and servers left behind (dead owners only)
     console = Console(highlight=False)
     interactive = sys.stdin.isatty() and not args.no_input
     config = EpisodeConfig.from_budget(budget, ask_user=terminal_answerer(console, interactive))
-    task = stage_repo(repo, args.instruction, args.test_command, gold)
-    console.print(f"[bold]nanocomposer agent[/bold] on {repo.resolve()} (a sandboxed copy; model {policy.name})")
+    try:  # env.workspace.stage_tree: caps checked before copying; FIFOs, sockets, devices skipped
+        task = stage_repo(repo, args.instruction, args.test_command, gold, max_bytes=args.max_mb * 1024 * 1024,
+                          max_files=args.max_files, bytes_flag="--max-mb", files_flag="--max-files")
+    except (StagingError, OSError) as e:
+        return error(f"cannot stage --repo {str(repo)!r}: {e}")
+    shown_repo = printable(str(repo.resolve()), newlines=False)
+    console.print(Text("nanocomposer agent", style="bold"),
+                  Text(f"on {shown_repo} (a sandboxed copy; model {printable(policy.name, newlines=False)})"),
+                  soft_wrap=True)
+    staged = task.meta.get("staged", {})
+    if staged.get("skipped"):
+        listed = ", ".join(f"{printable(path, newlines=False)} ({why})" for path, why in staged["skipped"][:5])
+        more = staged["skipped_count"] - min(5, len(staged["skipped"]))
+        console.print(Text(f"not copied (not regular files, or unreadable): {listed}"
+                           + (f" and {more} more" if more > 0 else ""), style="yellow"), soft_wrap=True)
     try:
         result = run_session(task, policy, config, on_turn=TurnPrinter(console))
     except KeyboardInterrupt:
@@ -183,26 +211,31 @@ def cmd_run(args) -> int:
     try:
         traj = result.trajectory
         tests = "no test command" if not args.test_command else ("pass" if traj.solved else "fail")
-        console.print(f"[bold]exit status[/bold] {traj.exit_status}; tests: {tests}; "
-                      f"{len(traj.turns)} turns, {traj.wall_s:.1f} s" + (f"; error: {traj.error}" if traj.error else ""))
+        console.print(Text("exit status", style="bold"),
+                      Text(printable(f"{traj.exit_status}; tests: {tests}; {len(traj.turns)} turns, {traj.wall_s:.1f} s"
+                                     + (f"; error: {traj.error}" if traj.error else ""))), soft_wrap=True)
         if traj.submission:
-            console.print("[bold]summary[/bold] ", end="")
-            console.out(traj.submission, highlight=False)
+            console.print(Text("summary", style="bold"), Text(printable(traj.submission)), soft_wrap=True)
         if args.output:
-            Path(args.output).write_text(result.diff)
+            Path(args.output).write_text(result.diff, encoding="utf-8")
         if not result.changes:
             console.print("no changes")
             return 0
-        console.print(f"[bold]diff[/bold] ({len(result.changes)} files)")
+        console.print(Text("diff", style="bold"), Text(f"({len(result.changes)} files)"))
         print_diff(console, result.diff)
-        if args.no_apply or not (args.yes or confirm(console, f"Apply these changes to {repo}? [y/N] ")):
+        if args.no_apply or not (args.yes or confirm(console, f"Apply these changes to {shown_repo}? [y/N] ")):
             console.print("not applied; the repository is unchanged")
             return 0
         try:
-            apply_changes(repo, result.workspace, result.changes)
-        except (ApplyError, OSError) as e:
-            return fail(f"not applied: {e}")
-        console.print(f"applied {len(result.changes)} changed files to {repo}")
+            left = apply_changes(repo, result.workspace, result.changes)
+        except ApplyError as e:
+            return error(str(e) if e.partial or str(e).startswith("not applied") else f"not applied: {e}")
+        except OSError as e:  # before the first write (apply_changes rolls back its own failures)
+            return error(f"not applied: {e}")
+        console.print(Text(f"applied {len(result.changes)} changed files to {shown_repo}"), soft_wrap=True)
+        if left:
+            console.print(Text(printable(f"could not remove leftovers: {', '.join(left)}", newlines=False),
+                               style="yellow"), soft_wrap=True)
         return 0
     finally:
         result.cleanup()
