@@ -193,3 +193,68 @@ def test_durations_are_dropped_from_pytest_and_unittest_summaries_only():
     assert without_durations("-----\nRan 3 tests in 0.004s\n\nOK") == "-----\nRan 3 tests\n\nOK"
     untouched = "E   assert sleep_for(0.5) == 'slept in 0.5s'\nprint('ran in 2s')"
     assert without_durations(untouched) == untouched
+
+
+# ------------------------------------------------------------------ byte-exact file edits
+def edit(tools, path, old, new) -> str:
+    return call_tool(tools, "edit_file", {"path": path, "old_str": old, "new_str": new})
+
+
+def test_edit_file_changes_only_the_replaced_bytes(tools):
+    ws = tools.workspace
+    crlf = b"line one\r\nold value\r\nline three\r\n"
+    (ws / "win.txt").write_bytes(crlf)
+    (ws / "win.txt").chmod(0o640)
+    # old_str as the model writes it (LF); the file is CRLF: matched, and the replacement is written CRLF
+    out = edit(tools, "win.txt", "old value\nline three\n", "new value\nline three\nline four\n")
+    assert out.startswith("Edited win.txt at line 2"), out
+    assert (ws / "win.txt").read_bytes() == b"line one\r\nnew value\r\nline three\r\nline four\r\n"
+    assert (ws / "win.txt").stat().st_mode & 0o777 == 0o640  # mode kept
+    # a single-line edit of a CRLF file: every other byte as it was
+    edit(tools, "win.txt", "line one", "line 1")
+    assert (ws / "win.txt").read_bytes() == b"line 1\r\nnew value\r\nline three\r\nline four\r\n"
+    # lone CR, form feed, U+2028 and a BOM in an LF file survive an edit elsewhere
+    odd = "\ufeffa = 1\rb = 2\n\x0c\nc = 3\u2028d\nkeep = 0\n".encode()
+    (ws / "odd.py").write_bytes(odd)
+    assert edit(tools, "odd.py", "keep = 0", "keep = 1").startswith("Edited odd.py at line 4")
+    assert (ws / "odd.py").read_bytes() == odd.replace(b"keep = 0", b"keep = 1")
+    # a mixed file: the exact text wins, new_str verbatim
+    (ws / "mixed.txt").write_bytes(b"a\r\nb\nc\r\n")
+    edit(tools, "mixed.txt", "b\n", "B\n")
+    assert (ws / "mixed.txt").read_bytes() == b"a\r\nB\nc\r\n"
+    # creating: exactly the bytes given
+    edit(tools, "new/crlf.txt", "", "x\r\ny\n")
+    assert (ws / "new/crlf.txt").read_bytes() == b"x\r\ny\n"
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR text \r\n", "binary file"),  # NUL bytes
+    (b"caf\xe9 = 1\r\nold = 2\r\n", "not UTF-8 text"),  # Latin-1: no NUL, not UTF-8
+])
+def test_edit_file_refuses_binary_and_non_utf8_and_leaves_them_unchanged(tools, data, why):
+    (tools.workspace / "f.bin").write_bytes(data)
+    out = edit(tools, "f.bin", "text" if b"PNG" in data else "old = 2", "changed")
+    assert out.startswith("Error: ") and why in out, out
+    assert (tools.workspace / "f.bin").read_bytes() == data
+
+
+def test_read_file_on_binary_and_line_endings(tools):
+    ws = tools.workspace
+    (ws / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+    out = call_tool(tools, "read_file", {"path": "img.png"})
+    assert "binary file of 12 bytes" in out and not out.startswith("Error")
+    (ws / "win.txt").write_bytes(b"one\r\ntwo\x0cstill two\r\n")
+    assert call_tool(tools, "read_file", {"path": "win.txt"}) == "   1| one\n   2| two\x0cstill two"
+    (ws / "latin.txt").write_bytes(b"caf\xe9\n")
+    assert call_tool(tools, "read_file", {"path": "latin.txt"}) == "   1| caf\ufffd"
+
+
+def test_edit_file_never_writes_through_a_fifo_or_symlink(tools):
+    import os
+
+    ws = tools.workspace
+    os.mkfifo(ws / "pipe")
+    assert "not a regular file" in edit(tools, "pipe", "x", "y")
+    assert "not a regular file" in call_tool(tools, "read_file", {"path": "pipe"})
+    (ws / "ln").symlink_to("calc/ops.py")
+    assert "already exists" in edit(tools, "ln", "", "x")
