@@ -299,3 +299,160 @@ def test_budget_defaults_come_from_budget():
                           ("--session-timeout-s", Budget.max_wall_s)]:
         after = text.split(f" {flag} ")[1]
         assert f"(default: {default})" in after.split(" --")[0], (flag, after[:200])
+
+
+# ------------------------------------------------------------------ staging, exact edits, forged diffs, atomic apply
+def test_a_repo_with_a_fifo_and_a_device_node_runs_and_applies(repo, replay):
+    os.mkfifo(repo / "pipe")
+    device = True
+    try:
+        os.mknod(repo / "zero", stat.S_IFCHR | 0o666, os.makedev(1, 5))
+    except OSError:
+        device = False
+    proc = run_agent("--repo", repo, "--model", f"replay:{replay}", "--yes", "fix add")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "not copied" in proc.stdout and "pipe (FIFO)" in proc.stdout
+    assert not device or "zero (character device)" in proc.stdout
+    assert tree(repo) == hashed(EXPECTED)
+    assert stat.S_ISFIFO(os.lstat(repo / "pipe").st_mode)
+
+
+def test_a_repo_over_the_file_cap_is_one_line_naming_the_flag(repo, replay):
+    before = tree(repo, skip_git=False)
+    line = one_line_error(run_agent("--repo", repo, "--model", f"replay:{replay}", "--max-files", "3", "--yes", "x"))
+    assert "repo has " in line and "at most 3 (--max-files)" in line, line
+    line = one_line_error(run_agent("--repo", repo, "--model", f"replay:{replay}", "--max-mb", "0", "x"))
+    assert "--max-mb 0: must be at least 1" in line
+    assert tree(repo, skip_git=False) == before
+
+
+def test_editing_a_crlf_file_changes_one_line_and_a_binary_is_left_alone(repo, tmp_path):
+    (repo / "win.txt").write_bytes(b"alpha\r\nbeta\r\ngamma\r\n")
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\r\n"
+    (repo / "img.png").write_bytes(png)
+    turns = tmp_path / "crlf.json"
+    turns.write_text(json.dumps([
+        call("edit_file", path="win.txt", old_str="beta\n", new_str="BETA\n"),
+        call("edit_file", path="img.png", old_str="IHDR", new_str="IHDX"),
+        call("submit", summary="ok")]))
+    proc = run_agent("--repo", repo, "--model", f"replay:{turns}", "--yes", "x")
+    assert proc.returncode == 0, proc.stderr
+    assert (repo / "win.txt").read_bytes() == b"alpha\r\nBETA\r\ngamma\r\n"
+    assert (repo / "img.png").read_bytes() == png
+    assert "binary file" in proc.stdout
+
+
+def test_a_file_name_or_content_cannot_forge_the_diff_or_reach_the_terminal(repo, tmp_path):
+    name = "x\n+++ b/calc/ops.py\n@@ -0,0 +1 @@\n+innocent"
+    turns = tmp_path / "forge.json"
+    turns.write_text(json.dumps([
+        call("edit_file", path=name, old_str="", new_str="\x1b[2J\x1b[1A\rclean\x07\n"),
+        call("submit", summary="done \x1b]0;pwned\x07")]))
+    proc = run_agent("--repo", repo, "--model", f"replay:{turns}", "--no-apply", "--output", tmp_path / "d.diff", "x")
+    assert proc.returncode == 0, proc.stderr
+    for ch in ("\x1b", "\x07", "\r"):
+        assert ch not in proc.stdout, repr(ch)
+    assert "\\x1b[2J" in proc.stdout
+    quoted = '"b/x\\n+++ b/calc/ops.py\\n@@ -0,0 +1 @@\\n+innocent"'
+    diff = (tmp_path / "d.diff").read_bytes().decode()
+    assert f"+++ {quoted}\n" in diff and "\n+++ b/calc/ops.py\n" not in diff
+    assert f"+++ {quoted}" in proc.stdout and "\n+++ b/calc/ops.py\n" not in proc.stdout
+    assert "+\x1b[2J\x1b[1A\rclean\x07\n" in diff  # the file written by --output is the real patch
+
+
+def test_quote_path_matches_git(tmp_path):
+    from nanocomposer.agent.changes import quote_path
+
+    names = ["plain.py", "with space.py", "tab\there", "new\nline", 'q"uote', "back\\slash", "caf\u00e9", "esc\x1b[0m",
+             "del\x7f"]
+    root = tmp_path / "g"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    for n in names:
+        (root / n).write_text("x")
+    subprocess.run(["git", "add", "."], cwd=root, check=True)
+    listed = subprocess.run(["git", "-c", "core.quotePath=true", "ls-files"], cwd=root, capture_output=True,
+                            check=True).stdout.decode().splitlines()
+    assert sorted(listed) == sorted(quote_path(n) for n in names)
+
+
+def _two_changes(tmp_path):
+    from nanocomposer.agent.changes import compute_changes
+
+    base = tmp_path / "base"
+    (base / "src").mkdir(parents=True)
+    for n in ("a.py", "b.py", "c.py", "gone.py"):
+        (base / "src" / n).write_text(f"{n} old\n")
+    work = _copy(base, tmp_path / "work")
+    for n in ("a.py", "b.py", "c.py"):
+        (work / "src" / n).write_text(f"{n} new\n")
+    (work / "src" / "gone.py").unlink()
+    (work / "added").mkdir()
+    (work / "added" / "n.py").write_text("n\n")
+    return base, work, compute_changes(base, work)
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 4])
+def test_a_failed_rename_rolls_back_everything(tmp_path, monkeypatch, fail_at):
+    from nanocomposer.agent import changes as mod
+
+    base, work, changes = _two_changes(tmp_path)
+    repo = _copy(base, tmp_path / "repo")
+    before = tree(repo)
+    real, calls = os.replace, [0]
+
+    def flaky(src, dst):
+        calls[0] += 1
+        if calls[0] == fail_at and ".nanocomposer-new" in str(src):
+            raise OSError(5, "Input/output error", str(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(mod.os, "replace", flaky)
+    with pytest.raises(mod.ApplyError) as exc:
+        mod.apply_changes(repo, work, changes)
+    monkeypatch.undo()
+    assert not exc.value.partial and "Input/output error" in str(exc.value)
+    assert ("nothing was applied" if fail_at == 1 else "the repository is unchanged") in str(exc.value)
+    assert tree(repo) == before  # byte- and mode-identical, the deleted file back too
+    assert not [p for p in repo.rglob("*") if "nanocomposer" in p.name] and not (repo / "added").exists()
+
+
+def test_a_rollback_that_fails_says_exactly_what_changed(tmp_path, monkeypatch):
+    from nanocomposer.agent import changes as mod
+
+    base, work, changes = _two_changes(tmp_path)
+    repo = _copy(base, tmp_path / "repo")
+    real, calls = os.replace, [0]
+
+    def flaky(src, dst):
+        calls[0] += 1
+        if calls[0] <= 2:  # added/n.py and src/a.py are written...
+            return real(src, dst)
+        raise OSError(28, "No space left on device", str(dst))  # ...then nothing works, restoring included
+
+    monkeypatch.setattr(mod.os, "replace", flaky)
+    with pytest.raises(mod.ApplyError) as exc:
+        mod.apply_changes(repo, work, changes)
+    monkeypatch.undo()
+    msg = str(exc.value)
+    assert exc.value.partial and msg.startswith("partially applied: ")
+    assert msg.startswith("partially applied: writing src/b.py failed (No space left on device"), msg
+    assert [p for p, _ in exc.value.unrestored] == ["src/a.py"] and exc.value.restored == ["added/n.py"]
+    assert "src/a.py holds the session's version" in msg and "restored: added/n.py" in msg
+    backup = Path(msg.split("the original is at ")[1].split(";")[0])
+    assert backup.read_text() == "a.py old\n" and (repo / "src/a.py").read_text() == "a.py new\n"
+    assert (repo / "src/b.py").read_text() == "b.py old\n" and not (repo / "added").exists()
+
+
+def test_apply_refuses_to_replace_a_fifo(tmp_path):
+    from nanocomposer.agent.changes import ApplyError, apply_changes, compute_changes
+
+    base = tmp_path / "base"
+    base.mkdir()
+    work = _copy(base, tmp_path / "work")
+    (work / "pipe").write_text("agent file\n")
+    repo = _copy(base, tmp_path / "repo")
+    os.mkfifo(repo / "pipe")  # skipped by staging, so the session saw no file there
+    with pytest.raises(ApplyError, match="pipe is a FIFO, socket or device"):
+        apply_changes(repo, work, compute_changes(base, work))
+    assert stat.S_ISFIFO(os.lstat(repo / "pipe").st_mode)
