@@ -300,3 +300,39 @@ def test_as_a_normal_user_unreadable_and_special_entries_are_skipped_not_chmodde
     assert result["capped"].startswith("repo has ") and result["capped"].endswith("; at most 3 (--max-files)")
     assert stat.S_IMODE((src / "secret.txt").stat().st_mode) == 0o600  # a user's tree is never chmod-ed
     assert stat.S_IMODE((src / "private").stat().st_mode) == 0o700
+
+
+def test_as_a_normal_user_apply_into_a_read_only_directory_changes_nothing_and_edits_are_exact(shared_dir):
+    os.chown(shared_dir, 65534, 65534)  # the user's own directory
+    result = run_as_nobody(f"""
+        import json, os, shutil
+        from pathlib import Path
+        from env.tools import CodeTools, call_tool
+        from nanocomposer.agent.changes import ApplyError, apply_changes, compute_changes
+        root = Path({str(shared_dir)!r}) / "mine"
+        base = root / "base"
+        (base / "ro").mkdir(parents=True)
+        (base / "ro" / "f.txt").write_bytes(b"one\\r\\ntwo\\r\\n")
+        (base / "w.txt").write_text("w\\n")
+        work = root / "work"
+        shutil.copytree(base, work)
+        tools = CodeTools(work)
+        edited = call_tool(tools, "edit_file", {{"path": "ro/f.txt", "old_str": "two\\n", "new_str": "2\\n"}})
+        call_tool(tools, "edit_file", {{"path": "w.txt", "old_str": "w", "new_str": "W"}})
+        repo = root / "repo"
+        shutil.copytree(base, repo)
+        (repo / "ro").chmod(0o555)
+        try:
+            apply_changes(repo, work, compute_changes(base, work))
+            err = None
+        except ApplyError as e:
+            err = [str(e), e.partial]
+        print(json.dumps({{"edited": edited, "bytes": (work / "ro" / "f.txt").read_bytes().decode(), "err": err,
+                           "w": (repo / "w.txt").read_text(), "f": (repo / "ro" / "f.txt").read_bytes().decode(),
+                           "left": sorted(os.listdir(repo)) + sorted(os.listdir(repo / "ro"))}}))
+    """, shared_dir)
+    assert result["edited"].startswith("Edited ro/f.txt at line 2") and result["bytes"] == "one\r\n2\r\n"
+    assert result["err"][0].startswith("preparing the changes failed (Permission denied")
+    assert result["err"][0].endswith("nothing was applied") and result["err"][1] is False
+    assert result["w"] == "w\n" and result["f"] == "one\r\ntwo\r\n"
+    assert result["left"] == ["ro", "w.txt", "f.txt"]  # no temporaries or backups left behind
