@@ -1,7 +1,7 @@
 """nanocomposer's self-hosted agent: the harness the model was trained in, pointed at your own repository.
 
     python agent.py run --repo PATH [--model CKPT|oracle|replay:FILE] [--test-command CMD] "instruction"
-    python agent.py serve [--host 127.0.0.1] [--port 8765] [--workers 4] [--model SPEC] [--token TOKEN]
+    python agent.py serve [--host 127.0.0.1] [--port 8765 | --unix PATH] [--workers 4] [--model SPEC] [--token TOKEN]
         [--temperature T] [--top-p P] [--seed S] [--max-new-tokens N] [--max-turns N]
     python agent.py sessions [--status S] [--export FILE.jsonl]
     python agent.py registry {list | add NAME SPEC | promote NAME}
@@ -104,8 +104,11 @@ def make_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="the local agent server")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765, help="0 = a free port (printed)")
+    serve.add_argument("--unix", default=None, metavar="PATH",
+                       help="listen on a unix socket at PATH (mode 0600) instead of TCP")
     serve.add_argument("--token", default=os.environ.get("NANOCOMPOSER_TOKEN"),
-                       help="bearer token ($NANOCOMPOSER_TOKEN); required unless bound to localhost")
+                       help="the bearer token every client sends ($NANOCOMPOSER_TOKEN; default: a new one at each "
+                            "start); written 0600 to <db stem>.token next to --db; required to bind beyond localhost")
     serve.add_argument("--workers", type=int, default=4)
     serve.add_argument("--max-queue", type=int, default=64)
     serve.add_argument("--session-timeout-s", type=float, default=Budget.max_wall_s,
@@ -260,7 +263,7 @@ def cmd_serve(args) -> int:
                           sampling=budget.sampling())
     try:
         serve(host=args.host, port=args.port, token=args.token, db=args.db, registry=args.registry, config=config,
-              model=args.model, version=args.version)
+              model=args.model, version=args.version, unix=args.unix)
     except (ValueError, RegistryError, OSError) as e:
         return fail(str(e))
     return 0

@@ -35,7 +35,12 @@ class Server:
         line = self.proc.stdout.readline()
         assert "agent server on http://" in line, line + self.proc.stderr.read()
         self.url = line.split()[3]
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # every client needs the token: the given one, else the one the server generated (0600, printed path)
+        token_file = Path(line.split("token file ")[1].split(",")[0])
+        self.token = token_file.read_text().strip()
+        assert token is None or self.token == token
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        headers = {"Authorization": f"Bearer {self.token}"}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=70)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -75,7 +80,7 @@ def oracle_server(tmp_path_factory):
 def test_simulated_users_nothing_lost(oracle_server, tmp_path):
     tasks = load_task_set(SAMPLES_DIR)
     pop = Population(seed=1, concurrency=4, patience_s=(60, 60), poll_s=5)
-    report = Simulation(oracle_server.url, tasks, pop).run(12, drain_s=120)
+    report = Simulation(oracle_server.url, tasks, pop, token=oracle_server.token).run(12, drain_s=120)
     assert report["accepted"] == 12 and not report["unfinished_after_drain"], report
     ids = set(report["accepted_ids"])
     stored = dict(oracle_server.db_rows("SELECT id, status FROM sessions"))
@@ -283,9 +288,9 @@ def test_promote_refuses_a_checkpoint_that_would_not_load(tmp_path: Path):
     assert registry.current() == "good"
 
 
-def users_run(url: str, recipe: Path, report: Path, *flags: str) -> dict:
+def users_run(url: str, recipe: Path, report: Path, *flags: str, token: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "env.users", "--server", url, "--tasks", "samples", "--sessions", "4",
-                           "--recipe", str(recipe), "--report", str(report), *flags],
+                           "--recipe", str(recipe), "--report", str(report), "--token", token, *flags],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(report.read_text())
@@ -311,9 +316,11 @@ def test_users_seed_and_offset_replay_the_same_sessions_and_disjoint_ranges(tmp_
                       for session_id, key, task, instruction, client, parent in rows)
 
     try:
-        first = users_run(server.url, recipe, tmp_path / "a.json", "--seed", "5", "--offset", "1", "--task-limit", "2")
-        again = users_run(server.url, recipe, tmp_path / "b.json", "--seed", "5", "--offset", "1", "--task-limit", "2")
-        fresh = users_run(server.url, recipe, tmp_path / "c.json", "--seed", "5", "--offset", "3")
+        first = users_run(server.url, recipe, tmp_path / "a.json", "--seed", "5", "--offset", "1", "--task-limit", "2",
+                          token=server.token)
+        again = users_run(server.url, recipe, tmp_path / "b.json", "--seed", "5", "--offset", "1", "--task-limit", "2",
+                          token=server.token)
+        fresh = users_run(server.url, recipe, tmp_path / "c.json", "--seed", "5", "--offset", "3", token=server.token)
     finally:
         server.stop()
     ids = [t.id for t in interleaved_by_family(load_task_set(SAMPLES_DIR))]  # the 5 sample tasks, in draw order

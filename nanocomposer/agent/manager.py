@@ -20,11 +20,22 @@ client's `sample_key` (a simulated user sends one per conversation, so a replaye
 samples), else the session id (every session its own draw); a follow-up's is its parent's plus
 `/followup<n>`. Same seed, same key, same model and conversation: the same tokens (up to floating point:
 batched and GPU numerics).
+
+Requests are checked here as well as in the API (a direct caller gets the same refusals): numbers finite and
+positive, strings within their limits, paths free of NUL and readable. A session submitted for a local user
+other than the server's (`owner_uid`, known from the connection's peer credentials: api.py) must name a
+repository or task directory that user could read itself (`peer_can_read`, every entry), checked at submit
+and again just before staging, so the server never copies for one user what only another may read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import math
+import os
+import pwd
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,6 +65,91 @@ class BadRequest(ValueError):
     pass
 
 
+class TooLarge(BadRequest):
+    """A request over a documented size limit (HTTP 413)."""
+
+
+class Forbidden(BadRequest):
+    """The requesting local user may not have this done for them (HTTP 403)."""
+
+
+MAX_INSTRUCTION_CHARS = 64 * 1024  # a client's instruction; a follow-up's combined instruction: MAX_CONVERSATION
+MAX_CONVERSATION_CHARS = 4 * MAX_INSTRUCTION_CHARS
+MAX_TEST_COMMAND_CHARS = 8 * 1024
+MAX_PATH_CHARS = 4096
+MAX_READ_CHECK_ENTRIES = 200_000  # a tree bigger than this is refused for a foreign user (staging caps it anyway)
+
+
+def peer_groups(uid: int, gid: int | None = None) -> list[int]:
+    """The groups a local user has: its primary group (the connection's when known) and /etc/group's."""
+    groups = set() if gid is None else {gid}
+    try:
+        entry = pwd.getpwuid(uid)
+        groups |= {entry.pw_gid, *os.getgrouplist(entry.pw_name, entry.pw_gid)}
+    except (KeyError, OSError):
+        pass
+    return sorted(groups)
+
+
+def _allowed(st: os.stat_result, uid: int, gids: list[int], want: int) -> bool:
+    """Permission bits `want` (4 read, 2 write, 1 search/execute) for uid/gids, as the kernel decides (no ACLs)."""
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        bits = st.st_mode >> 6
+    elif st.st_gid in gids:
+        bits = st.st_mode >> 3
+    else:
+        bits = st.st_mode
+    return bits & want == want
+
+
+def peer_can_read(path: str | Path, uid: int, gids: list[int]) -> str | None:
+    """None when local user `uid` (groups `gids`) could read all of `path` itself: every directory above it
+    searchable, and every entry under it readable (directories also searchable; symlinks are copied as links,
+    never followed). Otherwise the reason, naming the first entry it could not read."""
+    if uid == 0:
+        return None
+    try:
+        real = Path(os.path.realpath(path))
+        for parent in reversed(real.parents):
+            if not _allowed(os.stat(parent), uid, gids, 1):
+                return f"uid {uid} cannot search {str(parent)!r}"
+        seen = 0
+        stack = [real]
+        while stack:
+            current = stack.pop()
+            st = os.lstat(current)
+            seen += 1
+            if seen > MAX_READ_CHECK_ENTRIES:
+                return f"{str(real)!r} has more than {MAX_READ_CHECK_ENTRIES} entries"
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if not _allowed(st, uid, gids, 5):
+                    return f"uid {uid} cannot read the directory {str(current)!r}"
+                with os.scandir(current) as entries:
+                    stack.extend(Path(e.path) for e in entries)
+            elif not _allowed(st, uid, gids, 4):
+                return f"uid {uid} cannot read {str(current)!r}"
+    except OSError as e:
+        return f"cannot check {str(path)!r}: {e.strerror or e}"
+    return None
+
+
+def _check_text(name: str, value: str | None, limit: int, *, path: bool = False) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise BadRequest(f"{name} must be a string")
+    if len(value) > limit:
+        raise TooLarge(f"{name} is {len(value)} characters; at most {limit} are accepted")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise BadRequest(f"{name} contains a lone surrogate (not valid Unicode)")
+    if (path or name == "test_command") and "\x00" in value:
+        raise BadRequest(f"{name} contains a NUL character")
+
+
 @dataclass
 class ServerConfig:
     workers: int = 4
@@ -78,6 +174,8 @@ class SessionManager:
         self.resumed: list[str] = []
         self._load_lock = threading.Lock()  # one checkpoint load at a time (two workers asking for a new version)
         self._shared: dict[str, list] = {}  # version -> [SharedPolicy, sessions using it]; guarded by _cond
+        # long-polls waiting in the event loop: session -> {(loop, asyncio.Event)}, set from any thread
+        self._async_waiters: dict[str, set] = collections.defaultdict(set)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -97,6 +195,7 @@ class SessionManager:
             self._stopping = True
             running = list(self._running)
             self._cond.notify_all()
+            self._wake_all()
         for session_id in running:
             self.store.finish(session_id, "interrupted", None, None, None,
                               reason="the server shut down while this session was running")
@@ -118,27 +217,50 @@ class SessionManager:
     # ------------------------------------------------------------- requests
     def submit(self, *, instruction: str | None = None, repo: str | None = None, task_dir: str | None = None,
                test_command: str | None = None, timeout_s: float | None = None, client: str | None = None,
-               parent_id: str | None = None, sample_key: str | None = None) -> str:
-        """Queue a session; BadRequest for unusable input, QueueFull when the queue is at its limit."""
+               parent_id: str | None = None, sample_key: str | None = None, owner_uid: int | None = None,
+               owner_gids: list[int] | None = None, followup_text: str | None = None) -> str:
+        """Queue a session; BadRequest for unusable input (TooLarge past a size limit, Forbidden when
+        `owner_uid` could not read the repository itself), QueueFull when the queue is at its limit."""
         if (repo is None) == (task_dir is None):
             raise BadRequest("give exactly one of 'repo' (a repository directory) or 'task_dir' (a task directory)")
-        if timeout_s is not None and timeout_s <= 0:
-            raise BadRequest(f"timeout_s must be positive, got {timeout_s}")
-        if sample_key is not None and not sample_key.strip():
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                      or not math.isfinite(timeout_s) or timeout_s <= 0):
+            raise BadRequest(f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
+        if sample_key is not None and (not isinstance(sample_key, str) or not sample_key.strip()):
             raise BadRequest("sample_key must be a non-empty string (or left out: the session id is used)")
+        _check_text("instruction", instruction,
+                    MAX_CONVERSATION_CHARS if followup_text is not None else MAX_INSTRUCTION_CHARS)
+        _check_text("test_command", test_command, MAX_TEST_COMMAND_CHARS)
+        _check_text("repo", repo, MAX_PATH_CHARS, path=True)
+        _check_text("task_dir", task_dir, MAX_PATH_CHARS, path=True)
+        _check_text("client", client, 200)
+        _check_text("sample_key", sample_key, 1000)
         timeout_s = min(timeout_s or self.config.session_timeout_s, self.config.session_timeout_s)
         task_id = None
+        if owner_uid is not None:
+            owner_gids = peer_groups(owner_uid) if owner_gids is None else owner_gids
+            problem = peer_can_read(repo if repo is not None else task_dir, owner_uid, owner_gids)
+            if problem is not None:
+                raise Forbidden(f"refused: this server acts for uid {os.getuid()} and will not read for uid "
+                                f"{owner_uid} what it could not read itself ({problem})")
         if repo is not None:
-            if not Path(repo).is_dir():
+            try:
+                is_dir = Path(repo).is_dir()
+                resolved = str(Path(repo).resolve())
+            except (OSError, RuntimeError, ValueError):
+                is_dir = False
+            if not is_dir:
                 raise BadRequest(f"repo {repo!r} is not a directory on the server's machine")
             if not (instruction or "").strip():
                 raise BadRequest("a repo session needs a non-empty 'instruction'")
-            repo = str(Path(repo).resolve())
+            repo = resolved
         else:
             try:
                 task = load_task(task_dir)
             except TaskError as e:
                 raise BadRequest(str(e)) from None
+            except Exception as e:  # noqa: BLE001  (the client's directory, whatever is wrong in it, is its error)
+                raise BadRequest(f"task_dir {task_dir!r}: cannot load it ({type(e).__name__}: {e})") from None
             task_dir, task_id, instruction = str(task.root), task.id, instruction or task.instruction
             test_command = test_command or task.test_command
         with self._cond:
@@ -148,7 +270,8 @@ class SessionManager:
             session_id = self.store.create(source="repo" if repo else "task_dir", instruction=instruction, repo=repo,
                                            task_dir=task_dir, task_id=task_id, test_command=test_command,
                                            timeout_s=timeout_s, client=client, parent_id=parent_id,
-                                           sample_key=sample_key)
+                                           sample_key=sample_key, owner_uid=owner_uid, owner_gids=owner_gids,
+                                           followup_text=followup_text)
             self._queue.append(session_id)
             self._cond.notify_all()
         return session_id
@@ -162,17 +285,25 @@ class SessionManager:
             self._cond.notify_all()
             return True
 
-    def followup(self, session_id: str, text: str, client: str | None = None) -> str:
-        """A new session on the same repository or task: the instruction plus what the user says now."""
+    def followup(self, session_id: str, text: str, client: str | None = None, owner_uid: int | None = None,
+                 owner_gids: list[int] | None = None) -> str:
+        """A new session on the same repository or task: the instruction plus what the user says now. Its sample
+        key, `<parent key>/followup<n>`, is allocated with the message in one transaction (store.create), so
+        concurrent follow-ups of one session get distinct keys."""
         parent = self.store.session(session_id)
+        if parent is None:
+            raise BadRequest(f"no session {session_id!r}")
+        _check_text("text", text, MAX_INSTRUCTION_CHARS)
         instruction = f"{parent['instruction']}\n\nFollow-up from the user on the previous attempt: {text}"
-        earlier = sum(m["kind"] == "followup" for m in self.store.user_messages(session_id))
-        child = self.submit(instruction=instruction, repo=parent["repo"], task_dir=parent["task_dir"],
-                            test_command=parent["test_command"] if parent["source"] == "repo" else None,
-                            timeout_s=parent["timeout_s"], client=client or parent["client"], parent_id=session_id,
-                            sample_key=f"{parent['sample_key'] or session_id}/followup{earlier + 1}")
-        self.store.add_message(session_id, "followup", text)
-        return child
+        if len(instruction) > MAX_CONVERSATION_CHARS:
+            raise TooLarge(f"the conversation would be {len(instruction)} characters; at most "
+                           f"{MAX_CONVERSATION_CHARS} are accepted: start a new session")
+        return self.submit(instruction=instruction, repo=parent["repo"], task_dir=parent["task_dir"],
+                           test_command=parent["test_command"] if parent["source"] == "repo" else None,
+                           timeout_s=parent["timeout_s"], client=client or parent["client"], parent_id=session_id,
+                           owner_uid=owner_uid if owner_uid is not None else parent.get("owner_uid"),
+                           owner_gids=owner_gids if owner_uid is not None else parent.get("owner_gids"),
+                           followup_text=text)
 
     def change_count(self, session_id: str) -> int:
         with self._cond:
@@ -182,10 +313,45 @@ class SessionManager:
         with self._cond:
             self._cond.wait_for(lambda: self._changes[session_id] != seen or self._stopping, timeout=timeout_s)
 
+    async def wait_for_change_async(self, session_id: str, seen: int, timeout_s: float) -> None:
+        """`wait_for_change` for the event loop: holds no thread while it waits (a long-poll is a task, not a
+        worker), woken by the session's next change (or a stop), or returning after timeout_s."""
+        if timeout_s <= 0:
+            return
+        event = asyncio.Event()
+        waiter = (asyncio.get_running_loop(), event)
+        with self._cond:
+            if self._changes[session_id] != seen or self._stopping:
+                return
+            self._async_waiters[session_id].add(waiter)
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            with self._cond:
+                waiters = self._async_waiters.get(session_id)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del self._async_waiters[session_id]
+
+    def _wake(self, session_id: str) -> None:  # with self._cond held
+        for loop, event in self._async_waiters.get(session_id, ()):
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop is closed: its waiter went with it
+                pass
+
+    def _wake_all(self) -> None:  # with self._cond held
+        for session_id in list(self._async_waiters):
+            self._wake(session_id)
+
     def _bump(self, session_id: str) -> None:
         with self._cond:
             self._changes[session_id] += 1
             self._cond.notify_all()
+            self._wake(session_id)
 
     # --------------------------------------------------------------- workers
     def _worker(self) -> None:
@@ -271,6 +437,11 @@ class SessionManager:
                 self._release(shared)
 
     def _play(self, session_id: str, s: dict, version: str, policy) -> None:
+        if s.get("owner_uid") is not None:  # checked at submit; again now, just before the copy
+            source = s["repo"] if s["source"] == "repo" else s["task_dir"]
+            problem = peer_can_read(source, s["owner_uid"], s.get("owner_gids") or peer_groups(s["owner_uid"]))
+            if problem is not None:
+                raise PermissionError(f"refused for uid {s['owner_uid']}: {problem}")
         if s["source"] == "repo":
             task = stage_repo(Path(s["repo"]), s["instruction"], s["test_command"])
         else:
@@ -304,6 +475,7 @@ class SessionManager:
             self._answers[session_id] = None
             self._changes[session_id] += 1
             self._cond.notify_all()
+            self._wake(session_id)
             limit = max(0.0, min(self.config.answer_timeout_s, deadline - time.monotonic()))
             self._cond.wait_for(lambda: self._answers[session_id] is not None or self._stopping, timeout=limit)
             answer = self._answers.pop(session_id)

@@ -10,11 +10,20 @@ The schema is plain SQL (TEXT for JSON, REAL for seconds since the epoch, INTEGE
 could replace SQLite. Every write is one transaction: a killed process leaves whole rows or none. A session
 that was `running` or `waiting` when its server died is marked `interrupted` by the next server's `recover`;
 `queued` ones are handed back to be run again.
+
+Numbers are finite: a non-finite float (inf, NaN) is stored as NULL, in REAL columns and inside JSON, so every
+row reads back as valid JSON (`json.dumps(allow_nan=False)`). A new database file is created 0600 (it holds
+instructions, diffs and file contents); SQLite gives its -wal and -shm files the same mode. `close()`
+checkpoints the WAL into the main file (`PRAGMA wal_checkpoint(TRUNCATE)`), so after a clean stop the database
+is one self-contained file. Opened with `check=True` (the server does), `PRAGMA quick_check` runs first and a
+damaged or non-SQLite file is a `StoreError` naming it, not a server that starts and answers 500.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import sqlite3
 import threading
 import time
@@ -111,14 +120,36 @@ CREATE TABLE IF NOT EXISTS feedback (
 );
 """
 # Columns added after the first release of the schema: (name, type), added to older databases when opened.
-ADDED_COLUMNS = (("sample_key", "TEXT"),)
+ADDED_COLUMNS = (("sample_key", "TEXT"), ("owner_uid", "INTEGER"), ("owner_gids", "TEXT"))
+PREVIEW_CHARS = 200  # list views carry this much of each instruction (the full text: `session()`)
 _TRAJECTORY_COLUMNS = ("messages", "tools", "grade", "submission", "error", "exit_status", "solved", "wall_s",
                        "gen_s", "env_s", "grade_s", "command_s", "task_id", "policy")
-_JSON_COLUMNS = ("grade", "messages", "tools", "arguments", "prompt_ids", "completion_ids", "logprobs")
+_JSON_COLUMNS = ("grade", "messages", "tools", "arguments", "prompt_ids", "completion_ids", "logprobs",
+                 "owner_gids")
+
+
+class StoreError(ValueError):
+    """The session database cannot be used (not SQLite, damaged, unreadable); the message names the file."""
+
+
+def finite(value):
+    """`value` with every non-finite float (inf, -inf, NaN), at any depth, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def _dumps(value) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False)
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # a non-finite number somewhere: stored as null, so the row stays valid JSON
+        return json.dumps(finite(value), ensure_ascii=False, allow_nan=False)
 
 
 def _row(row: sqlite3.Row) -> dict:
@@ -126,20 +157,54 @@ def _row(row: sqlite3.Row) -> dict:
     for key in _JSON_COLUMNS:
         if out.get(key) is not None:
             out[key] = json.loads(out[key])
-    return out
+    return finite(out)  # rows written before values were checked (an `inf` feedback value) read back as null
+
+
+def _seconds(value) -> float:
+    value = finite(value)
+    return 0.0 if value is None else value
+
+
+def _create_private(path: Path) -> None:
+    """Create an empty database file readable by its owner only (no-op when it exists; never follows a link)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
 
 
 class SessionStore:
     """One connection shared by the server's threads, writes serialised by a lock (SQLite has one writer)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, check: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._conn = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _create_private(self.path)
+        except OSError as e:
+            raise StoreError(f"session database {str(self.path)!r}: cannot create it: {e.strerror or e}") from None
+        try:
+            self._open(check)
+        except sqlite3.Error as e:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            raise StoreError(f"session database {str(self.path)!r} is unusable ({' '.join(str(e).split())}); "
+                             "restore it from a backup or move it away to start a new one") from None
+
+    def _open(self, check: bool) -> None:
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         self._conn.row_factory = sqlite3.Row
+        if check:
+            rows = [r[0] for r in self._conn.execute("PRAGMA quick_check").fetchall()]
+            if rows != ["ok"]:
+                problems = "; ".join(" ".join(str(r).split()) for r in rows[:3])
+                raise sqlite3.DatabaseError(f"quick_check: {problems[:300]}")
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses no commit
-        self._lock = threading.RLock()
         with self.transaction() as db:
             for statement in filter(str.strip, SCHEMA.split(";")):  # executescript would commit on its own
                 db.execute(statement)
@@ -149,12 +214,23 @@ class SessionStore:
                     db.execute(f"ALTER TABLE sessions ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
+        """Checkpoint the WAL into the database file and close: after this the file alone is the database
+        (copy it, or `sqlite3 FILE .backup OUT` while a server runs). A second close does nothing."""
         with self._lock:
+            if self._conn is None:
+                return
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:  # another process still reading: its last close checkpoints
+                pass
             self._conn.close()
+            self._conn = None
 
     @contextmanager
     def transaction(self):
         with self._lock:
+            if self._conn is None:
+                raise StoreError(f"session database {str(self.path)!r} is closed")
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -165,20 +241,39 @@ class SessionStore:
 
     def _query(self, sql: str, args: tuple = ()) -> list[dict]:
         with self._lock:
+            if self._conn is None:
+                raise StoreError(f"session database {str(self.path)!r} is closed")
             return [_row(r) for r in self._conn.execute(sql, args).fetchall()]
 
     # ----------------------------------------------------------------- writes
     def create(self, *, source: str, instruction: str, repo: str | None = None, task_dir: str | None = None,
                task_id: str | None = None, test_command: str | None = None, timeout_s: float | None = None,
-               client: str | None = None, parent_id: str | None = None, sample_key: str | None = None) -> str:
-        """A queued session; its `sample_key` (what its sampling seeds derive from) is the given one, else its id."""
+               client: str | None = None, parent_id: str | None = None, sample_key: str | None = None,
+               owner_uid: int | None = None, owner_gids: list[int] | None = None,
+               followup_text: str | None = None) -> str:
+        """A queued session; its `sample_key` (what its sampling seeds derive from) is the given one, else its id.
+
+        With `followup_text` it is the follow-up of `parent_id`: in the same transaction (BEGIN IMMEDIATE, so
+        concurrent follow-ups are serialised, across processes too) the parent's follow-ups are counted, the
+        text is recorded as the parent's next `followup` message and the key is `<parent key>/followup<n>`:
+        two follow-ups can never get the same key."""
         session_id = uuid.uuid4().hex
+        timeout_s = timeout_s if timeout_s is None or math.isfinite(timeout_s) else None
         with self.transaction() as db:
+            if followup_text is not None:
+                parent = db.execute("SELECT id, sample_key FROM sessions WHERE id = ?", (parent_id,)).fetchone()
+                if parent is None:
+                    raise KeyError(parent_id)
+                earlier = db.execute("SELECT COUNT(*) FROM user_messages WHERE session_id = ? AND kind = 'followup'",
+                                     (parent_id,)).fetchone()[0]
+                sample_key = f"{parent['sample_key'] or parent_id}/followup{earlier + 1}"
+                db.execute("INSERT INTO user_messages (session_id, kind, text, created_at) VALUES (?, 'followup', ?, ?)",
+                           (parent_id, followup_text, time.time()))
             db.execute("INSERT INTO sessions (id, parent_id, status, created_at, source, repo, task_dir, task_id, "
-                       "instruction, test_command, timeout_s, client, sample_key) "
-                       "VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       "instruction, test_command, timeout_s, client, sample_key, owner_uid, owner_gids) "
+                       "VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (session_id, parent_id, time.time(), source, repo, task_dir, task_id, instruction,
-                        test_command, timeout_s, client, sample_key or session_id))
+                        test_command, timeout_s, client, sample_key or session_id, owner_uid, _dumps(owner_gids)))
         return session_id
 
     def start(self, session_id: str, version: str | None, policy: str | None) -> None:
@@ -199,12 +294,12 @@ class SessionStore:
                        (session_id, record["turn"], record["text"], _dumps(record.get("prompt_ids")),
                         _dumps(record.get("completion_ids")), _dumps(record.get("logprobs")),
                         record.get("completion_tokens"), int(bool(record.get("truncated"))),
-                        record.get("gen_s", 0.0), record.get("env_s", 0.0), time.time()))
+                        _seconds(record.get("gen_s", 0.0)), _seconds(record.get("env_s", 0.0)), time.time()))
             for i, call in enumerate(record["calls"]):
                 db.execute("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            (session_id, record["turn"], i, call.get("name"), _dumps(call.get("arguments")),
                             int(bool(call.get("malformed"))), call.get("error"), call.get("raw"),
-                            results[i] if i < len(results) else None, call.get("wall_s")))
+                            results[i] if i < len(results) else None, finite(call.get("wall_s"))))
 
     def finish(self, session_id: str, status: str, traj: Trajectory | None, diff: str | None,
                changed_files: int | None, reason: str | None = None) -> bool:
@@ -218,6 +313,7 @@ class SessionStore:
                           grade=_dumps(traj.grade), messages=_dumps(traj.messages), tools=_dumps(traj.tools),
                           wall_s=traj.wall_s, gen_s=traj.gen_s, env_s=traj.env_s, grade_s=traj.grade_s,
                           command_s=traj.command_s)
+        fields = finite(fields)
         with self.transaction() as db:
             cur = db.execute(f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in fields)} "
                              f"WHERE id = ? AND {_NOT_ENDED}", (*fields.values(), session_id))
@@ -230,6 +326,8 @@ class SessionStore:
 
     def add_feedback(self, session_id: str, kind: str, value: float | None = None, text: str | None = None) -> int:
         assert kind in FEEDBACK_KINDS, kind
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+            raise ValueError(f"feedback value must be a finite number, got {value!r}")
         with self.transaction() as db:
             cur = db.execute("INSERT INTO feedback (session_id, kind, value, text, created_at) VALUES (?, ?, ?, ?, ?)",
                              (session_id, kind, value, text, time.time()))
@@ -274,13 +372,22 @@ class SessionStore:
     def user_messages(self, session_id: str) -> list[dict]:
         return self._query("SELECT * FROM user_messages WHERE session_id = ? ORDER BY id", (session_id,))
 
-    def sessions(self, status: str | None = None, limit: int | None = None) -> list[dict]:
+    def sessions(self, status: str | None = None, limit: int | None = None, *, preview: bool = False,
+                 owner_uid: int | None = None) -> list[dict]:
+        """Sessions oldest first; `preview`: `instruction` is its first PREVIEW_CHARS characters (with
+        `instruction_chars`, the full length), as list views carry; `owner_uid`: only that uid's sessions."""
+        instruction = f"substr(instruction, 1, {PREVIEW_CHARS}) AS instruction, length(instruction) AS " \
+                      "instruction_chars" if preview else "instruction"
         sql = "SELECT id, parent_id, status, status_reason, created_at, started_at, finished_at, model_version, " \
-              "policy, source, task_id, instruction, client, sample_key, exit_status, solved, changed_files, wall_s " \
-              "FROM sessions"
-        args: tuple = ()
+              f"policy, source, task_id, {instruction}, client, sample_key, exit_status, solved, changed_files, " \
+              "wall_s FROM sessions"
+        where, args = [], ()
         if status:
-            sql, args = sql + " WHERE status = ?", (status,)
+            where, args = [*where, "status = ?"], (*args, status)
+        if owner_uid is not None:
+            where, args = [*where, "owner_uid = ?"], (*args, owner_uid)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at"
         if limit:
             sql, args = sql + " LIMIT ?", (*args, int(limit))
@@ -300,5 +407,5 @@ class SessionStore:
                           env_s=s["env_s"] or 0.0, grade_s=s["grade_s"] or 0.0, command_s=s["command_s"] or 0.0,
                           episode_key=s["sample_key"] or session_id)
         own = {k: v for k, v in s.items() if k not in _TRAJECTORY_COLUMNS}
-        return traj.to_record(token_ids=True, session_id=own.pop("id"), **own, feedback=self.feedback(session_id),
-                              user_messages=self.user_messages(session_id))
+        return finite(traj.to_record(token_ids=True, session_id=own.pop("id"), **own, feedback=self.feedback(session_id),
+                              user_messages=self.user_messages(session_id)))
