@@ -28,6 +28,7 @@ from bench.harness import pct
 from env.episode import EpisodeConfig, run_episode
 from env.task_sets import resolve_task_set
 from env.users import Simulation, load_population
+from nanocomposer.agent.serve import read_token
 from nanocomposer.policies import build_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +51,7 @@ def bench_bare(tasks, policy_spec: str, episodes: int, workers: int) -> dict:
 
 
 def start_server(tmp: Path, policy: str, workers: int) -> tuple[subprocess.Popen, str]:
+    """The server process and its URL; its token is in the file it prints (`read_token(db)`)."""
     cmd = [sys.executable, str(ROOT / "agent.py"), "serve", "--port", "0", "--workers", str(workers),
            "--max-queue", "1000", "--model", policy, "--db", str(tmp / "sessions.db"), "--registry",
            str(tmp / "registry")]
@@ -81,7 +83,7 @@ def bench_served(tasks, policy: str, sessions: int, workers: int, recipe: str) -
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
         proc, url = start_server(Path(tmp), policy, workers)
         try:
-            report = Simulation(url, tasks, pop).run(sessions)
+            report = Simulation(url, tasks, pop, token=read_token(Path(tmp) / "sessions.db")).run(sessions)
             checks = check_database(Path(tmp) / "sessions.db", report)
         finally:
             proc.terminate()
