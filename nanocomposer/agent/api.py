@@ -197,13 +197,12 @@ def host_problem(scope: dict, headers: dict[bytes, bytes], allowed_hosts: frozen
         return 421, "malformed Host header"
     name, port = split
     server = scope.get("server")
-    if name in allowed_hosts:
-        ok = True
-    elif server is None or server[1] is None:  # a unix socket: no browser reaches it; still only local names
-        ok = name in LOOPBACK_NAMES
+    if server is None or server[1] is None:  # a unix socket: no browser reaches it; still only local names
+        ok = name in LOOPBACK_NAMES or name in allowed_hosts
     else:
         served = str(server[0]).lower()
-        ok = (port is None or port == server[1]) and (name == served or (_is_loopback(served) and name in LOOPBACK_NAMES))
+        ok = (port is None or port == server[1]) and (name == served or name in allowed_hosts
+                                                      or (_is_loopback(served) and name in LOOPBACK_NAMES))
     if not ok:
         return 421, f"Host {raw.decode('latin-1')[:100]!r} is not this server's address (DNS rebinding?)"
     origin = headers.get(b"origin")
