@@ -14,6 +14,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -602,6 +603,36 @@ def test_a_stopped_server_leaves_a_whole_database_and_a_corrupt_one_is_refused(t
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and str(target) in lines[0] and "Traceback" not in r.stderr, r.stderr
         assert r.stdout == ""
+
+
+def test_seeded_fuzz_over_real_http_drops_no_connection(tcp_server):
+    """The same fuzz through uvicorn and h11 (every answer read back over the socket), then malformed HTTP."""
+    http = tcp_server["http"]
+    target = http.post("/sessions", json={"task_dir": str(TASK), "client": "fuzz"}).json()["id"]  # stays queued
+    rng = random.Random(7)
+    for i in range(250):
+        method, path, kwargs = fuzz_request(rng, target)
+        if "/messages" in path and tcp_server["waiting"] in path:
+            continue
+        try:
+            r = http.request(method, path, **kwargs)
+        except httpx.TransportError as e:  # a dropped connection
+            pytest.fail(f"request {i} {method} {path}: {type(e).__name__}: {e}")
+        assert r.status_code < 500, (i, method, path, r.text[:300])
+        if method != "HEAD" and r.content:
+            strict_json(r.content)
+    host, port = "127.0.0.1", int(tcp_server["port"])
+    raw = [b"GARBAGE\r\n\r\n",
+           b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"h" * 100_000 + b"\r\n\r\n",
+           b"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n{}",
+           b"POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\r\n",
+           b"GET /health HTTP/1.0\r\n\r\n"]
+    for request in raw:
+        with socket.create_connection((host, port), timeout=10) as sock:
+            sock.sendall(request)
+            answer = sock.recv(200)
+        assert answer.startswith((b"HTTP/1.1 4", b"HTTP/1.0 4")), (request[:60], answer)
+    assert http.get("/health").status_code == 200
 
 
 def test_followups_through_the_api_in_parallel_get_distinct_keys(tcp_server):

@@ -45,6 +45,7 @@ from env.budget import Budget
 from env.episode import EpisodeConfig, ExitStatus
 from env.tasks import TaskError, load_task
 from env.tools import NO_INFORMATION
+from env.workspace import DEFAULT_STAGE_MAX_FILES
 from nanocomposer.agent.episodes import run_session, stage_repo, stage_task_dir
 from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import TERMINAL, SessionStore
@@ -77,7 +78,7 @@ MAX_INSTRUCTION_CHARS = 64 * 1024  # a client's instruction; a follow-up's combi
 MAX_CONVERSATION_CHARS = 4 * MAX_INSTRUCTION_CHARS
 MAX_TEST_COMMAND_CHARS = 8 * 1024
 MAX_PATH_CHARS = 4096
-MAX_READ_CHECK_ENTRIES = 200_000  # a tree bigger than this is refused for a foreign user (staging caps it anyway)
+MAX_READ_CHECK_ENTRIES = DEFAULT_STAGE_MAX_FILES + 1  # more cannot be staged anyway: refused, not walked further
 
 
 def peer_groups(uid: int, gid: int | None = None) -> list[int]:
