@@ -162,7 +162,7 @@ def test_seeded_fuzz_of_every_route_answers_no_500_and_valid_json(served):
     client, store = served["client"], served["store"]
     rng = random.Random(20261203)
     statuses: dict[int, int] = {}
-    for i in range(700):
+    for i in range(500):
         method, path, kwargs = fuzz_request(rng, served["done"])
         r = client.request(method, path, **kwargs)  # a server exception would raise here (a dropped connection)
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
@@ -610,7 +610,7 @@ def test_seeded_fuzz_over_real_http_drops_no_connection(tcp_server):
     http = tcp_server["http"]
     target = http.post("/sessions", json={"task_dir": str(TASK), "client": "fuzz"}).json()["id"]  # stays queued
     rng = random.Random(7)
-    for i in range(250):
+    for i in range(150):
         method, path, kwargs = fuzz_request(rng, target)
         if "/messages" in path and tcp_server["waiting"] in path:
             continue
@@ -652,3 +652,23 @@ def test_followups_through_the_api_in_parallel_get_distinct_keys(tcp_server):
     assert all(r.status_code == 202 for r in responses), [r.text for r in responses]
     keys = {http.get(f"/sessions/{r.json()['id']}").json()["sample_key"] for r in responses}
     assert len(keys) == 6
+
+
+def test_a_stop_answers_pending_long_polls_at_once(tcp_server):
+    """Runs last on the module's server: a SIGTERM does not wait out a 50 s long-poll."""
+    http, proc = tcp_server["http"], tcp_server["proc"]
+    queued = http.post("/sessions", json={"task_dir": str(TASK)}).json()["id"]
+    answers: list[int] = []
+
+    def long_poll():
+        with httpx.Client(base_url=tcp_server["url"], headers=http.headers, timeout=70) as c:
+            answers.append(c.get(f"/sessions/{queued}/result", params={"wait_s": 50}).status_code)
+
+    poller = threading.Thread(target=long_poll)
+    poller.start()
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=40) == 0
+    poller.join(10)
+    assert answers == [202] and time.monotonic() - t0 < 25, (answers, time.monotonic() - t0)

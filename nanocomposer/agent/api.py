@@ -425,7 +425,7 @@ def create_app(manager: SessionManager, token: str | None = None, admin_token: s
             if await run_in_threadpool(ready, s):
                 return s
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or manager.draining:
                 return s
             await manager.wait_for_change_async(session_id, seen, remaining)
             await asyncio.sleep(0)

@@ -171,6 +171,7 @@ class SessionManager:
         self._answers: dict[str, str | None] = {}  # sessions waiting on ask_user -> the answer, once given
         self._running: set[str] = set()
         self._stopping = False
+        self._draining = False  # the HTTP server is shutting down: long-polls answer now
         self._threads: list[threading.Thread] = []
         self.resumed: list[str] = []
         self._load_lock = threading.Lock()  # one checkpoint load at a time (two workers asking for a new version)
@@ -322,7 +323,7 @@ class SessionManager:
         event = asyncio.Event()
         waiter = (asyncio.get_running_loop(), event)
         with self._cond:
-            if self._changes[session_id] != seen or self._stopping:
+            if self._changes[session_id] != seen or self._stopping or self._draining:
                 return
             self._async_waiters[session_id].add(waiter)
         try:
@@ -336,6 +337,17 @@ class SessionManager:
                     waiters.discard(waiter)
                     if not waiters:
                         del self._async_waiters[session_id]
+
+    @property
+    def draining(self) -> bool:
+        return self._draining or self._stopping
+
+    def drain(self) -> None:
+        """The HTTP server is stopping: every long-poll answers with what it has now (so the shutdown does not
+        wait up to MAX_WAIT_S for them); later ones do not wait."""
+        with self._cond:
+            self._draining = True
+            self._wake_all()
 
     def _wake(self, session_id: str) -> None:  # with self._cond held
         for loop, event in self._async_waiters.get(session_id, ()):

@@ -223,7 +223,13 @@ def serve(*, host: str, port: int, token: str | None, db: str, registry: str, co
     manager = SessionManager(store, reg, config)
     app = create_app(manager, token, admin_token, allowed_hosts=() if unix is not None or host in
                      ("0.0.0.0", "::") else (host,))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, http=peer_protocol()))
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            manager.drain()  # long-polls answer now instead of holding the shutdown for up to a minute
+            await super().shutdown(sockets)
+
+    server = Server(uvicorn.Config(app, log_level="warning", access_log=False, http=peer_protocol(),
+                                   timeout_graceful_shutdown=10))
     # uvicorn takes SIGTERM while it serves, and once shut down raises it again under the handler it found:
     # the default one would end this process before manager.stop() below. This one asks uvicorn to stop
     # (a SIGTERM before it serves makes it stop at once) and ignores repeats (a parent's death signal
