@@ -672,3 +672,21 @@ def test_a_stop_answers_pending_long_polls_at_once(tcp_server):
     assert proc.wait(timeout=40) == 0
     poller.join(10)
     assert answers == [202] and time.monotonic() - t0 < 25, (answers, time.monotonic() - t0)
+
+
+def test_the_store_never_fails_a_write_on_invalid_unicode_or_non_finite_numbers(tmp_path):
+    """What a direct caller (a worker recording a replayed turn, a tool result) hands the store is made storable:
+    lone surrogates become U+FFFD, non-finite floats NULL; everything reads back as strict JSON."""
+    store = SessionStore(tmp_path / "s.db")
+    sid = store.create(source="task_dir", instruction="fix \ud800 it", task_dir="/x", timeout_s=float("nan"))
+    store.add_turn(sid, {"turn": 0, "text": "bad \udfff", "gen_s": float("inf"), "logprobs": [float("-inf"), 0.5],
+                         "calls": [{"name": "x\ud800", "arguments": {"a": float("nan")}, "wall_s": float("inf")}]},
+                   ["result \udc80"])
+    store.add_message(sid, "answer", "\ud83d")
+    s = store.session(sid)
+    assert s["instruction"] == "fix \ufffd it" and s["timeout_s"] is None
+    turn = store.turns(sid)[0]
+    assert turn["text"] == "bad \ufffd" and turn["logprobs"] == [None, 0.5] and turn["gen_s"] == 0.0
+    assert turn["calls"][0]["arguments"] == {"a": None} and turn["calls"][0]["result"] == "result \ufffd"
+    json.dumps(store.export_record(sid), allow_nan=False)
+    store.close()

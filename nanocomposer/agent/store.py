@@ -160,6 +160,26 @@ def _row(row: sqlite3.Row) -> dict:
     return finite(out)  # rows written before values were checked (an `inf` feedback value) read back as null
 
 
+def valid_text(value: str) -> str:
+    """`value` as valid Unicode: each lone surrogate (which SQLite cannot store as UTF-8) becomes U+FFFD."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
+
+
+class _Writer:
+    """The connection as a transaction sees it: every str parameter made valid Unicode, every float finite
+    (NULL otherwise), so no caller's value can fail a write or store what would not read back as JSON."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+
+    def execute(self, sql: str, params=()):
+        return self._conn.execute(sql, tuple(valid_text(v) if isinstance(v, str) else finite(v) for v in params))
+
+
 def _seconds(value) -> float:
     value = finite(value)
     return 0.0 if value is None else value
@@ -233,7 +253,7 @@ class SessionStore:
                 raise StoreError(f"session database {str(self.path)!r} is closed")
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                yield self._conn
+                yield _Writer(self._conn)
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
