@@ -21,13 +21,13 @@ import json
 import keyword
 import random
 import re
-import shutil
-import tempfile
+import shlex
 from pathlib import Path
 
+from env import patches
 from env.episode import Generation
 from env.protocol import format_assistant_turn
-from env.tasks import Task, TaskError, apply_patch
+from env.tasks import Task, TaskError, check_gold_patch
 
 _DEF = re.compile(r"^\s*(?:async\s+def|def|class)\s+([A-Za-z_]\w*)")
 
@@ -67,33 +67,57 @@ def _edit_pairs(old: str, new: str) -> list[tuple[str, str]]:
 
 
 def patch_edits(task: Task) -> list[dict]:
-    """The gold patch as edit_file / run calls: [{"name": ..., "arguments": ..., "symbol": ...}]."""
+    """The gold patch as edit_file / run calls: [{"name": ..., "arguments": ..., "symbol": ...}], by path.
+
+    The patch is read by env/patches.py, the parser task validation used, and worked out against repo/ in
+    memory: which files it touches comes from that parse alone (a hunk line that looks like a header is a hunk
+    line), and every file is read through `resolve_inside` at this moment, so a symlink planted in repo/ after
+    loading cannot make a host file's text an argument either."""
     patch = task.gold_patch
     if not patch:
         return []
-    scratch = Path(tempfile.mkdtemp(prefix="gold-"))
+    where = f"task {task.id!r}"
+    parsed = check_gold_patch(patch, task.repo_dir, where)
     try:
-        shutil.copytree(task.repo_dir, scratch / "repo")
-        apply_patch(scratch / "repo", patch)
-        touched = sorted({m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch, re.MULTILINE)} |
-                         {m.group(1) for m in re.finditer(r"^--- a/(\S+)", patch, re.MULTILINE)})
-        calls = []
-        for rel in touched:
-            before, after = task.repo_dir / rel, scratch / "repo" / rel
-            if not after.exists():
-                calls.append({"name": "run", "arguments": {"command": f"rm {rel}"}, "path": rel, "symbol": None})
-            elif not before.exists():
-                calls.append({"name": "edit_file", "arguments": {"path": rel, "old_str": "", "new_str": after.read_text()},
-                              "path": rel, "symbol": None})
-            else:
-                old = before.read_text()
-                for old_str, new_str in _edit_pairs(old, after.read_text()):
-                    line = old[: old.index(old_str)].count("\n") + 1 if old_str else 1
-                    calls.append({"name": "edit_file", "arguments": {"path": rel, "old_str": old_str, "new_str": new_str},
-                                  "path": rel, "line": line, "symbol": _enclosing_symbol(old, line)})
-        return calls
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        changes = patches.plan_patch(task.repo_dir, parsed)
+    except patches.PatchError as e:
+        raise TaskError(f"{where}: gold.patch does not apply to repo/: {e}") from None
+    calls = []
+    for change in changes:
+        rel = change.path
+        if change.after is None:
+            calls.append({"name": "run", "arguments": {"command": f"rm {shlex.quote(rel)}"}, "path": rel,
+                          "symbol": None})
+        elif change.before is None:
+            calls.append({"name": "edit_file", "arguments": {"path": rel, "old_str": "",
+                                                            "new_str": _gold_text(change.after, where, rel)},
+                          "path": rel, "symbol": None})
+        else:
+            old = _gold_text(change.before, where, rel)
+            for old_str, new_str in _edit_pairs(old, _gold_text(change.after, where, rel)):
+                line = old[: old.index(old_str)].count("\n") + 1 if old_str else 1
+                calls.append({"name": "edit_file", "arguments": {"path": rel, "old_str": old_str, "new_str": new_str},
+                              "path": rel, "line": line, "symbol": _enclosing_symbol(old, line)})
+    return calls
+
+
+def _gold_text(entry: patches.Entry, where: str, rel: str) -> str:
+    """A file's text before or after the gold patch, as edit_file sees it (UTF-8, universal newlines)."""
+    if entry.kind != "file":
+        raise TaskError(f"{where}: gold.patch makes {rel!r} a {entry.kind}; edit_file calls cannot")
+    try:
+        text = entry.data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TaskError(f"{where}: gold.patch touches {rel!r}, which is not UTF-8 text") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _repo_text(task: Task, rel: str) -> str:
+    """A file of the task's repo/, read through `resolve_inside` now (never a symlink out of it)."""
+    try:
+        return patches.read_text_inside(task.repo_dir, rel)
+    except patches.PatchError as e:
+        raise TaskError(f"task {task.id!r}: repo/ {e}") from None
 
 
 def _enclosing_symbol(text: str, line: int) -> str | None:
@@ -309,7 +333,7 @@ class OraclePolicy:
                 e["done"], e["near_miss_tried"] = False, False
                 if e["name"] == "edit_file" and e["arguments"]["old_str"]:
                     e["end"] = e["line"] + e["arguments"]["old_str"].count("\n") - 1
-                    e["source"] = (task.repo_dir / e["path"]).read_text().splitlines()
+                    e["source"] = _repo_text(task, e["path"]).splitlines()
 
     def act(self, messages, tools) -> Generation:
         seen = _Seen(messages, self.issued)
@@ -489,7 +513,7 @@ class OraclePolicy:
         if not anchor or anchor not in seen.cited.get(path, set()):
             return None
         start = max(1, anchor - self.rng.randint(2, 6))
-        source = (self.task.repo_dir / path).read_text().splitlines()
+        source = _repo_text(self.task, path).splitlines()
         end = min(self._page_end(source, start), anchor + self.rng.randint(15, 40))
         return _call("read_file", path=path, start_line=start, end_line=max(end, anchor))
 
@@ -536,8 +560,13 @@ def _answer_target(task: Task) -> tuple[str | None, str | None]:
     match = re.match(r"([\w./-]+\.py)(?::(\d+))?", answer.strip())
     path = match.group(1) if match else None
     symbol = task.meta.get("symbol")
-    if symbol is None and match and match.group(2) and (task.repo_dir / path).is_file():
-        lines = (task.repo_dir / path).read_text().splitlines()
+    lines = None
+    if symbol is None and match and match.group(2):
+        try:  # the answer names the file: read through resolve_inside (an answer of '../../x.py' reads nothing)
+            lines = patches.read_text_inside(task.repo_dir, path).splitlines()
+        except patches.PatchError:
+            lines = None
+    if lines is not None:
         line = int(match.group(2))
         if 1 <= line <= len(lines) and (m := _DEF.match(lines[line - 1])):
             symbol = m.group(1)

@@ -15,8 +15,10 @@ Task directories are not trusted. `load_task` refuses (TaskError naming the task
 anything that would let a task read or write host files or hang the harness: repo/, hidden/,
 task.json or gold.patch resolving outside the task directory; a symlink in repo/ or hidden/ that
 is absolute, loops, or leaves its tree; FIFOs, sockets and devices; file names that are not
-UTF-8; a gold.patch naming absolute paths or `..`; a task.json that is not a small UTF-8 JSON
-object with the documented types. `load_task_set` loads the good tasks of a set and lists the
+UTF-8; a gold.patch that env/patches.py (the one diff parser every use of a patch goes through)
+refuses: malformed hunks, names that are absolute, hold `..` or control characters, or resolve outside
+repo/ through a symlink, binary or symlink changes (edit_file calls cannot make them); a task.json that is
+not a small UTF-8 JSON object with the documented types. `load_task_set` loads the good tasks of a set and lists the
 bad ones with their reasons (`TaskList.invalid`), so one broken task costs one record, not the run.
 
 `grade()` is THE checker: `eval.py` calls it and the RL `outcome` reward calls it, so the
@@ -25,7 +27,6 @@ two cannot drift apart (nanochat's `reward()` reuses `evaluate()` for the same r
 
 from __future__ import annotations
 
-import codecs
 import difflib
 import json
 import logging
@@ -33,9 +34,10 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
+
+from env import patches
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +79,9 @@ class Task:
 
     @property
     def gold_patch(self) -> str | None:
-        patch = self.root / "gold.patch"
-        return patch.read_text() if patch.is_file() else None
+        """gold.patch as text (no newline translation: env/patches.py reads CRLF itself), read now without
+        following a symlink; None when there is none. TaskError if it became something else since loading."""
+        return _read_gold_patch(self.root / "gold.patch", f"task {_show(self.id)}")
 
     @property
     def gold_answer(self) -> str | None:
@@ -237,22 +240,56 @@ def _check_subdir(root: Path, name: str, where: str, required: bool) -> bool:
     return True
 
 
-def _check_gold_patch(root: Path, where: str) -> None:
-    patch = root / "gold.patch"
-    if not patch.exists() and not patch.is_symlink():
-        return
-    if patch.is_symlink() or not patch.is_file():
-        raise TaskError(f"{where}: gold.patch must be a regular file (not a symlink, directory or FIFO)")
-    size = patch.stat().st_size
-    if size > MAX_GOLD_PATCH_BYTES:
-        raise TaskError(f"{where}: gold.patch is {size} bytes; at most {MAX_GOLD_PATCH_BYTES}")
+def _read_gold_patch(patch: Path, where: str) -> str | None:
+    """The text of a gold.patch: a regular file (opened without following a symlink, so never a host file),
+    at most MAX_GOLD_PATCH_BYTES, UTF-8, newlines as written; None when absent."""
     try:
-        text = patch.read_bytes().decode("utf-8")
+        mode = patch.lstat().st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode):
+        raise TaskError(f"{where}: gold.patch must be a regular file (not a symlink, directory or FIFO)")
+    try:
+        fd = os.open(patch, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise TaskError(f"{where}: gold.patch cannot be read ({type(e).__name__})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise TaskError(f"{where}: gold.patch must be a regular file (not a symlink, directory or FIFO)")
+        if st.st_size > MAX_GOLD_PATCH_BYTES:
+            raise TaskError(f"{where}: gold.patch is {st.st_size} bytes; at most {MAX_GOLD_PATCH_BYTES}")
+        data = f.read(MAX_GOLD_PATCH_BYTES + 1)
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TaskError(f"{where}: gold.patch is not UTF-8 ({e.reason} at byte {e.start})") from None
-    for name in patch_paths(text):
-        if problem := _unsafe_patch_path(name):
-            raise TaskError(f"{where}: gold.patch names {_show(name)}, {problem}")
+
+
+def check_gold_patch(text: str, repo: Path, where: str) -> patches.Patch:
+    """Parse a gold patch with env/patches.py and check what a gold policy needs of it: every path resolves
+    inside `repo` now, and every change is text a file's edit_file calls can make (no binary, no symlink).
+    TaskError `<where>: gold.patch ...` naming the problem otherwise."""
+    try:
+        parsed = patches.parse_patch(text)
+        for f in parsed.files:
+            if f.binary:
+                raise patches.PatchError(f"line {f.line}: a binary change of {_show(f.paths[0])} (edit_file calls "
+                                         "cannot make it)")
+            if patches.SYMLINK_MODE in (f.old_mode, f.new_mode):
+                raise patches.PatchError(f"line {f.line}: a symlink change of {_show(f.paths[0])} (edit_file calls "
+                                         "cannot make it)")
+            for rel in f.paths:
+                patches.resolve_inside(repo, rel)
+    except patches.PatchError as e:
+        raise TaskError(f"{where}: gold.patch {e}") from None
+    return parsed
+
+
+def _check_gold_patch(root: Path, where: str) -> None:
+    text = _read_gold_patch(root / "gold.patch", where)
+    if text is not None:
+        check_gold_patch(text, root / "repo", where)
 
 
 def load_task(path: str | Path) -> Task:
@@ -336,10 +373,16 @@ def _files(tree: Path | dict[str, str]) -> dict[str, str]:
     if isinstance(tree, dict):
         return dict(tree)
     return {
-        p.relative_to(tree).as_posix(): p.read_text()
+        p.relative_to(tree).as_posix(): p.read_bytes().decode("utf-8")  # newlines as written (CRLF kept)
         for p in sorted(tree.rglob("*"))
         if p.is_file() and "__pycache__" not in p.parts
     }
+
+
+def _lines(text: str) -> list[str]:
+    """Lines split at "\n" only, as env/patches.py reads them (str.splitlines also splits at \f, \u2028...)."""
+    parts = text.split("\n")
+    return [line + "\n" for line in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def _write_tree(dest: Path, tree: Path | dict[str, str]) -> None:
@@ -381,7 +424,7 @@ def make_patch(before: Path | dict[str, str], after: Path | dict[str, str]) -> s
         if a == b:
             continue
         diff = difflib.unified_diff(
-            (a or "").splitlines(keepends=True), (b or "").splitlines(keepends=True),
+            _lines(a or ""), _lines(b or ""),
             fromfile=f"a/{rel}" if a is not None else "/dev/null",
             tofile=f"b/{rel}" if b is not None else "/dev/null",
         )
@@ -390,93 +433,15 @@ def make_patch(before: Path | dict[str, str], after: Path | dict[str, str]) -> s
     return "".join(chunks)
 
 
-_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
-_FILE_HEADERS = ("--- ", "+++ ", "*** ", "Index: ", "rename from ", "rename to ", "copy from ", "copy to ")
-
-
-def _unquote(name: str) -> str:
-    """A git-quoted file name ("a/\\303\\251.py") as the bytes it stands for; other names unchanged."""
-    if len(name) >= 2 and name[0] == name[-1] == '"':
-        raw = codecs.escape_decode(name[1:-1].encode("utf-8"))[0]
-        return raw.decode("utf-8", "replace")
-    return name
-
-
-def patch_paths(patch: str) -> list[str]:
-    """Every file name a diff's headers mention (unified and context diffs, git's extended headers),
-    as written (a/ b/ prefixes kept); hunk bodies are skipped, so a removed line "-- x" is not a header."""
-    names: list[str] = []
-    lines = patch.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        i += 1
-        if m := _HUNK.match(line):
-            old, new = int(m.group(1) or 1), int(m.group(2) or 1)
-            while (old > 0 or new > 0) and i < len(lines):
-                body = lines[i]
-                if body.startswith("\\"):
-                    i += 1
-                    continue
-                tag = body[:1]
-                if tag not in (" ", "-", "+", ""):
-                    break
-                old -= tag in (" ", "-", "")
-                new -= tag in (" ", "+", "")
-                i += 1
-            continue
-        if line.startswith("diff --git "):
-            names += line[len("diff --git "):].split()
-        for header in _FILE_HEADERS:
-            if line.startswith(header):
-                name = line[len(header):].split("\t", 1)[0].strip()
-                names += [_unquote(name), *(_unquote(t) for t in name.split()[:1])]
-    return [n for n in dict.fromkeys(names) if n and n != "/dev/null"]
-
-
-def _unsafe_patch_path(name: str) -> str | None:
-    """Why a file name in a patch is not acceptable, or None."""
-    if "\0" in name:
-        return "which contains a NUL byte"
-    pure = PurePosixPath(name)
-    if pure.is_absolute():
-        return "an absolute path (patches may only touch files inside the repo)"
-    if ".." in pure.parts:
-        return "which leaves the repo ('..')"
-    return None
-
-
-def _strip_one(name: str) -> str:
-    """The name `patch -p1` uses: without its first component (a/, b/)."""
-    parts = PurePosixPath(name).parts
-    return PurePosixPath(*parts[1:]).as_posix() if len(parts) > 1 else name
-
-
 def apply_patch(workspace: Path, patch: str) -> None:
-    """Apply a unified diff inside `workspace` (raises TaskError with patch's output if it fails).
-
-    Refuses, before running anything, a patch naming an absolute path, a `..` component, or a path that
-    resolves outside `workspace` through a symlink in it."""
-    from env.workspace import PathError, resolve_in
-
-    workspace = Path(workspace)
-    for name in patch_paths(patch):
-        problem = _unsafe_patch_path(name)
-        if problem is None:
-            try:
-                resolve_in(workspace, _strip_one(name))
-            except PathError as e:
-                problem = str(e)
-            except (RuntimeError, OSError) as e:  # a symlink loop in the workspace
-                problem = f"which cannot be resolved ({e})"
-        if problem:
-            raise TaskError(f"patch for {workspace} names {_show(name)}, {problem}; refusing to apply it")
-    proc = subprocess.run(
-        ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "-s"],
-        input=patch, text=True, cwd=workspace, capture_output=True, check=False,
-    )
-    if proc.returncode != 0:
-        raise TaskError(f"patch does not apply in {workspace}: {(proc.stdout + proc.stderr).strip()[:2000]}")
+    """Apply a unified diff (`patch -p1` names) inside `workspace` with env/patches.py, the one diff parser;
+    TaskError naming the problem if it is malformed, names a path outside `workspace` (absolute, `..`, or
+    through a symlink in it, checked as each file is read and written) or does not apply. When a hunk does
+    not match, nothing is written."""
+    try:
+        patches.apply_patch(Path(workspace), patch)
+    except patches.PatchError as e:
+        raise TaskError(f"refusing to apply the patch in {workspace}: {e}") from None
 
 
 _PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|error|errors)\b")

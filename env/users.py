@@ -16,7 +16,8 @@ same tokens). The user sends the task's instruction (POST /sessions with the tas
 session's turns (long-poll), answers `ask_user` questions (from the hidden spec with probability
 `answer_helpful_p`, else "just do it"), and gives up on a session slower than its patience (feedback
 `abandoned`). When the session ends the user judges it with information the agent never saw:
-the session's diff applied (`patch -p1`) to a fresh copy of the task repo, graded by `env.tasks.grade` with
+the session's diff applied (`patch -p1` names, by env/patches.py, the one diff parser: a path outside the copy
+is refused, never written) to a fresh copy of the task repo, graded by `env.tasks.grade` with
 the hidden tests. A passing result is applied and kept, a failing one applied and later reverted (each flipped
 with probability `keep_noise_p`); a wrong or slow result brings a dissatisfied follow-up with probability
 `followup_p`; every session gets a 1-5 rating. Every feedback event is a real POST, counted, so a test can
@@ -49,8 +50,9 @@ from pathlib import Path
 import httpx
 import yaml
 
+from env.patches import PatchError, apply_patch
 from env.task_sets import resolve_task_set
-from env.tasks import Task, TaskError, apply_patch, family_of, grade
+from env.tasks import Task, TaskError, family_of, grade
 from env.workspace import make_workspace, remove_workspace
 
 TERMINAL = ("finished", "timed_out", "failed", "interrupted")
@@ -132,13 +134,15 @@ def hidden_spec(task: Task) -> str:
 
 
 def judge(task: Task, diff: str, submission: str) -> bool:
-    """The developer's verdict: the diff applied to a fresh copy of the repo passes the hidden tests."""
+    """The developer's verdict: the diff applied to a fresh copy of the repo passes the hidden tests. A diff
+    env/patches.py refuses (malformed, naming a path outside the copy) or that does not apply fails; binary
+    sections have no text to apply and are left out, as `patch -p1` leaves them."""
     workspace = make_workspace(task.repo_dir, prefix="user-")
     try:
         if diff.strip():
             try:
-                apply_patch(workspace, diff)
-            except TaskError:
+                apply_patch(workspace, diff, skip_binary=True)
+            except PatchError:
                 return False
         return grade(task, workspace, submission).solved
     finally:

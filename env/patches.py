@@ -1,0 +1,715 @@
+"""Unified diffs: the one parser (and applier) that every use of a patch goes through.
+
+    parse_patch(text)               -> Patch: its file sections, each hunk read by the counts of its @@ header
+    path_problem(rel)               why a path named by a patch is unacceptable, or None
+    resolve_inside(root, rel)       `rel` resolved inside `root` now (every symlink followed), or PatchError
+    read_text_inside(root, rel)     a file's text, read through resolve_inside
+    plan_patch(root, patch)         the changes the patch makes to the tree at `root`, computed in memory
+    apply_patch(root, patch)        plan_patch, then write: if any hunk fails to match, nothing is written
+
+Task validation (env/tasks.py), the gold patch's application and its edit calls (env/policies.py), the task
+factory's gold check (data/families/base.py, through env.tasks.apply_patch) and the simulated users' verdict
+(env/users.py) all read a diff here, so a line one of them takes for a file header cannot be a hunk line to
+another: hunk lines are counted by the ranges of their `@@ -l,s +l,s @@` header, never guessed from their look.
+Nothing shells out to `patch`, whose own reading of the text could differ.
+
+Accepted: unified diffs as `diff -u`, difflib and git write them, with `patch -p1` names (the first path
+component, a/ or b/, is stripped); `/dev/null` for an added or deleted file; git's extended headers (new/deleted
+file mode, old/new mode, rename and copy from/to, similarity and index lines, binary markers); git-quoted names
+("a/with \\"quote\\".py", C-style and octal escapes, decoded as UTF-8); `\\ No newline at end of file`; patches
+whose every line ends in CRLF (read as LF; applied to a CRLF file with CRLF); text before, between and after the
+file sections (a commit message) unless it looks like a header.
+
+Refused (PatchError, one line naming the patch line and the problem, never echoing hunk text): absolute paths,
+`..` components, control characters (NUL, tab, newline...) and lone surrogates in names; names with no prefix
+for -p1 to strip; a hunk whose lines do not add up to its header's counts, or a hunk line past those counts;
+malformed @@ headers; overlapping or out-of-order hunks; a `\\ No newline` marker not at the end of the file; a
+header line out of place (`+++ ` without `--- `, `@@` without file headers, git headers outside `diff --git`);
+context diffs; two sections naming one path; a non-git section naming two different files; file modes other than
+100644, 100755 and 120000. When applying: a path that resolves outside the root (through a symlink in the tree,
+checked when the file is read and again when it is written); a symlink the patch creates pointing outside the
+root, or a path the patch writes beneath a file or symlink it creates; a target that is a directory, FIFO,
+socket or device; a hunk that does not match.
+
+This module imports only the standard library (env/ must not pull in torch and the like).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+MAX_FILE_BYTES = 64 * 1024 * 1024  # a file a patch reads or writes; beyond it is not a source file
+MODES = {0o100644: 0o644, 0o100755: 0o755}  # git file modes -> permission bits
+SYMLINK_MODE = 0o120000
+_HUNK_HEADER = re.compile(r"^@@ -(\d{1,9})(?:,(\d{1,9}))? \+(\d{1,9})(?:,(\d{1,9}))? @@(?: .*)?$")
+_BINARY_DATA = re.compile(r"^(?:literal \d+|delta \d+|[A-Za-z][0-9A-Za-z!#$%&()*+;<=>?@^_`{|}~-]*|)$")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+_GIT_HEADERS = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "copy from ", "copy to ",
+                "rename from ", "rename to ", "similarity index ", "dissimilarity index ", "index ")
+_OUT_OF_PLACE = ("+++ ", "@@", "old mode ", "new mode ", "deleted file mode ", "new file mode ", "copy from ",
+                 "copy to ", "rename from ", "rename to ", "Binary files ", "GIT binary patch")
+
+
+class PatchError(ValueError):
+    """A patch that cannot be read or applied; the message is one line naming the problem (and its line)."""
+
+
+def _show(text: str, limit: int = 80) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
+
+
+# ------------------------------------------------------------------------------------------------ paths
+def path_problem(rel: str) -> str | None:
+    """Why `rel` (a path a patch names, relative to the tree it patches) is unacceptable, or None."""
+    if not isinstance(rel, str) or not rel:
+        return "is empty"
+    if any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        return "contains a control character (NUL, tab, newline...)"
+    if _SURROGATE.search(rel):
+        return "is not valid UTF-8 text"
+    pure = PurePosixPath(rel)
+    if pure.is_absolute():
+        return "is an absolute path (a patch may only touch files inside its tree)"
+    if ".." in pure.parts:
+        return "leaves the tree ('..')"
+    if not pure.parts:
+        return "names no file"
+    return None
+
+
+def resolve_inside(root: str | Path, rel: str) -> Path:
+    """`rel` resolved inside `root` at the time of the call: every existing symlink followed, the result
+    checked to lie in `root`'s real path (`root` itself is refused: a patch names files). Raises PatchError
+    for a path `path_problem` refuses, a symlink escape or a symlink loop. Call it where the file is used."""
+    if problem := path_problem(rel):
+        raise PatchError(f"path {_show(rel)} {problem}")
+    try:
+        root_real = Path(root).resolve(strict=True)
+        resolved = (root_real / PurePosixPath(rel)).resolve(strict=False)
+    except (OSError, RuntimeError) as e:  # a missing root, a symlink loop (RuntimeError before Python 3.13)
+        raise PatchError(f"path {_show(rel)} cannot be resolved ({type(e).__name__})") from None
+    if resolved == root_real or not resolved.is_relative_to(root_real):
+        raise PatchError(f"path {_show(rel)} resolves outside its tree (through a symlink)")
+    return resolved
+
+
+def _resolve_dir(root_real: Path, rel_dir: str) -> Path:
+    """A directory named by a patch path's parent ("" for the root), resolved inside the root."""
+    return root_real if rel_dir in ("", ".") else resolve_inside(root_real, rel_dir)
+
+
+def _open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+
+
+def _read_regular(path: Path, what: str) -> bytes:
+    """The bytes of the regular file at `path` (a resolved path; the final component is not followed)."""
+    try:
+        fd = _open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise PatchError(f"{what} cannot be read ({type(e).__name__})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise PatchError(f"{what} is not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise PatchError(f"{what} is {st.st_size} bytes; at most {MAX_FILE_BYTES}")
+        return f.read(MAX_FILE_BYTES + 1)
+
+
+def read_text_inside(root: str | Path, rel: str) -> str:
+    """The text of file `rel` of `root` (UTF-8, universal newlines, as Path.read_text gives it), read through
+    `resolve_inside` at this moment: a symlink planted to a host file is refused, never followed out."""
+    data = _read_regular(resolve_inside(root, rel), f"file {_show(rel)}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PatchError(f"file {_show(rel)} is not UTF-8 text") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+# ------------------------------------------------------------------------------------------------ parse
+@dataclass(frozen=True)
+class Hunk:
+    old_start: int
+    old_count: int
+    new_start: int
+    new_count: int
+    lines: tuple[tuple[str, str], ...]  # (tag " ", "-" or "+", text with its "\n" unless marked as the last)
+    line: int  # where its @@ header is in the patch (1-based)
+
+    @property
+    def old_lines(self) -> list[str]:
+        return [text for tag, text in self.lines if tag != "+"]
+
+    @property
+    def new_lines(self) -> list[str]:
+        return [text for tag, text in self.lines if tag != "-"]
+
+
+@dataclass(frozen=True)
+class FilePatch:
+    old_path: str | None  # relative to the patched tree (after -p1); None: the file is added
+    new_path: str | None  # None: the file is deleted
+    hunks: tuple[Hunk, ...] = ()
+    old_mode: int | None = None  # git modes (0o100644, 0o100755, 0o120000) where the headers give them
+    new_mode: int | None = None
+    copy: bool = False  # git "copy from/to": the old file stays
+    binary: bool = False  # git's "Binary files ... differ" / "GIT binary patch": no text to apply
+    line: int = 0  # where the section starts in the patch (1-based)
+
+    @property
+    def paths(self) -> list[str]:
+        return list(dict.fromkeys(p for p in (self.old_path, self.new_path) if p is not None))
+
+
+@dataclass(frozen=True)
+class Patch:
+    files: tuple[FilePatch, ...]
+    crlf: bool = False  # every line of the text ended in CRLF (read as LF)
+
+    @property
+    def paths(self) -> list[str]:
+        """Every path the patch touches (old and new names), in order of appearance."""
+        return list(dict.fromkeys(p for f in self.files for p in f.paths))
+
+
+def _unquote(text: str, where: str) -> tuple[str, str]:
+    """A git C-style quoted name at the start of `text` -> (the name, the rest of `text` after it)."""
+    out, i = bytearray(), 1
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            try:
+                return out.decode("utf-8"), text[i + 1:]
+            except UnicodeDecodeError:
+                raise PatchError(f"{where}: a quoted file name is not UTF-8") from None
+        if c == "\\":
+            nxt = text[i + 1: i + 2]
+            if nxt in _ESCAPES:
+                out.append(_ESCAPES[nxt])
+                i += 2
+            elif re.fullmatch(r"[0-3][0-7]{2}", text[i + 1: i + 4]):
+                out.append(int(text[i + 1: i + 4], 8))
+                i += 4
+            else:
+                raise PatchError(f"{where}: a quoted file name has an unknown escape {_show(chr(92) + nxt)}")
+        else:
+            out += c.encode("utf-8", "surrogatepass")
+            i += 1
+    raise PatchError(f"{where}: a quoted file name has no closing quote")
+
+
+def _header_name(raw: str, where: str) -> str:
+    """The file name of a `--- ` / `+++ ` line (what follows the marker): quoted, or up to a tab (a timestamp
+    follows it), trailing blanks dropped."""
+    if raw.startswith('"'):
+        name, rest = _unquote(raw, where)
+        if rest and not rest.startswith("\t"):
+            raise PatchError(f"{where}: unexpected text after the quoted file name")
+        return name
+    return raw.split("\t", 1)[0].rstrip(" ")
+
+
+def _git_names(rest: str, where: str) -> tuple[str, str] | None:
+    """(a-name, b-name) of `diff --git <rest>`, or None when unquoted names with spaces make it ambiguous
+    (the ---/+++ or rename headers then say)."""
+    if rest.startswith('"'):
+        a, after = _unquote(rest, where)
+        if not after.startswith(" "):
+            raise PatchError(f"{where}: malformed 'diff --git' line")
+        after = after[1:]
+        b = _unquote(after, where)[0] if after.startswith('"') else after
+        return a, b
+    if rest.endswith('"') and ' "' in rest:
+        cut = rest.index(' "')
+        b, tail = _unquote(rest[cut + 1:], where)
+        if tail:
+            raise PatchError(f"{where}: malformed 'diff --git' line")
+        return rest[:cut], b
+    if len(rest) % 2 == 1 and rest[len(rest) // 2] == " ":  # "a/NAME b/NAME": the same name twice
+        a, b = rest[: len(rest) // 2], rest[len(rest) // 2 + 1:]
+        if a.partition("/")[2] == b.partition("/")[2] != "":
+            return a, b
+    if rest.count(" ") == 1:
+        a, b = rest.split(" ")
+        return a, b
+    return None
+
+
+def _strip_one(raw: str, where: str) -> str:
+    """A name as written in a ---/+++ or `diff --git` header -> the path `patch -p1` uses (checked)."""
+    if problem := path_problem(raw):
+        raise PatchError(f"{where}: file name {_show(raw)} {problem}")
+    parts = PurePosixPath(raw).parts
+    if len(parts) < 2:
+        raise PatchError(f"{where}: file name {_show(raw)} has no leading directory (a/, b/) for -p1 to strip")
+    return PurePosixPath(*parts[1:]).as_posix()
+
+
+def _plain(raw: str, where: str) -> str:
+    """A name of a rename/copy header (written without a/ b/ prefixes), checked."""
+    if problem := path_problem(raw):
+        raise PatchError(f"{where}: file name {_show(raw)} {problem}")
+    return PurePosixPath(raw).as_posix()
+
+
+def _mode(value: str, where: str) -> int:
+    if not re.fullmatch(r"[0-7]{6}", value.strip()):
+        raise PatchError(f"{where}: malformed file mode {_show(value)}")
+    mode = int(value, 8)
+    if mode not in MODES and mode != SYMLINK_MODE:
+        raise PatchError(f"{where}: file mode {value.strip()} is not supported (only 100644, 100755, 120000)")
+    return mode
+
+
+class _Reader:
+    def __init__(self, text: str):
+        if not isinstance(text, str):
+            raise PatchError(f"a patch must be text, got {type(text).__name__}")
+        lines = text.split("\n")  # "\n" only: str.splitlines would also split at \r, \f, \x1c, \u2028...
+        if lines and lines[-1] == "":
+            lines.pop()
+        self.crlf = "\n" in text and text.count("\r\n") == text.count("\n")
+        self.lines = [line.removesuffix("\r") for line in lines] if self.crlf else lines
+        self.i = 0
+
+    def peek(self, k: int = 0) -> str | None:
+        return self.lines[self.i + k] if self.i + k < len(self.lines) else None
+
+    def header(self, k: int = 0) -> str | None:
+        """A structural line (header, @@): a stray CR of a mixed-ending patch is not part of it."""
+        line = self.peek(k)
+        return line.removesuffix("\r") if line is not None else None
+
+    def where(self, k: int = 0) -> str:
+        return f"line {self.i + k + 1}"
+
+
+def parse_patch(text: str) -> Patch:
+    """Read a unified diff (module docstring for what is accepted and refused); PatchError if malformed."""
+    r = _Reader(text)
+    files: list[FilePatch] = []
+    after_hunk = False
+    while (line := r.header()) is not None:
+        if line.startswith("diff --git "):
+            files.append(_git_section(r))
+            after_hunk = bool(files[-1].hunks)
+            continue
+        if line.startswith("--- "):
+            if not (r.header(1) or "").startswith("+++ "):
+                raise PatchError(f"{r.where()}: a '--- ' file header not followed by a '+++ ' header")
+            files.append(_traditional_section(r))
+            after_hunk = True
+            continue
+        if line.startswith("*** ") and (r.header(1) or "").startswith("--- "):
+            raise PatchError(f"{r.where()}: a context diff ('*** ' headers); only unified diffs are supported")
+        if stray := next((h for h in _OUT_OF_PLACE if line.startswith(h)), None):
+            raise PatchError(f"{r.where()}: a {_show(stray.strip())} line out of place (no file header before it, "
+                             "or a hunk whose @@ header counts fewer lines)")
+        raw = r.peek()
+        if after_hunk and raw[:1] in (" ", "+", "-") and raw.rstrip("\r") != "-- ":
+            raise PatchError(f"{r.where()}: a hunk line past the end of the hunk (its @@ header counts fewer lines)")
+        after_hunk = False
+        r.i += 1  # text outside any file section (a commit message, a "diff -u ..." or "Index:" line)
+    if not files:
+        raise PatchError("the patch has no file sections ('--- ' / '+++ ' or 'diff --git' headers)")
+    seen: dict[str, int] = {}
+    for f in files:
+        for p in f.paths:
+            if p in seen:
+                raise PatchError(f"line {f.line}: names {_show(p)} again (also in the section at line {seen[p]})")
+            seen[p] = f.line
+    return Patch(tuple(files), r.crlf)
+
+
+def _file_headers(r: _Reader) -> tuple[str, str, str]:
+    """Consume a ---/+++ pair; (old raw name, new raw name, where)."""
+    where = r.where()
+    old = _header_name(r.header()[4:], where)
+    new = _header_name(r.header(1)[4:], r.where(1))
+    r.i += 2
+    return old, new, where
+
+
+def _traditional_section(r: _Reader) -> FilePatch:
+    start = r.i + 1
+    old_raw, new_raw, where = _file_headers(r)
+    old = None if old_raw == "/dev/null" else _strip_one(old_raw, where)
+    new = None if new_raw == "/dev/null" else _strip_one(new_raw, r.where(-1))
+    if old is None and new is None:
+        raise PatchError(f"{where}: both file headers are /dev/null")
+    if old is not None and new is not None and old != new:
+        raise PatchError(f"{where}: names two different files ({_show(old_raw)} and {_show(new_raw)}) without a "
+                         "'diff --git' rename header")
+    hunks = _hunks(r, new_file=old is None, deleted=new is None)
+    if not hunks:
+        raise PatchError(f"{where}: file headers with no hunk after them")
+    return FilePatch(old, new, hunks, line=start)
+
+
+def _git_section(r: _Reader) -> FilePatch:
+    start, where = r.i + 1, r.where()
+    names = _git_names(r.header()[len("diff --git "):], where)
+    git_old = git_new = None
+    if names is not None:
+        git_old, git_new = _strip_one(names[0], where), _strip_one(names[1], where)
+    r.i += 1
+    ext: dict[str, str] = {}
+    binary = False
+    while (line := r.header()) is not None:
+        key = next((h for h in _GIT_HEADERS if line.startswith(h)), None)
+        if key is not None:
+            if key in ext:
+                raise PatchError(f"{r.where()}: a second {_show(key.strip())} header in one section")
+            value = line[len(key):]
+            ext[key] = _unquote(value, r.where())[0] if key.endswith(("from ", "to ")) and value.startswith('"') \
+                else value
+            if key.endswith(("from ", "to ")):
+                ext[key] = _plain(ext[key], r.where())
+            r.i += 1
+        elif line.startswith("Binary files ") and line.endswith(" differ"):
+            binary = True
+            r.i += 1
+            break
+        elif line == "GIT binary patch":
+            binary = True
+            r.i += 1
+            while (data := r.header()) is not None and _BINARY_DATA.match(data) and not data.startswith("diff "):
+                r.i += 1
+            break
+        else:
+            break
+    new_file, deleted = "new file mode " in ext, "deleted file mode " in ext
+    if new_file and deleted:
+        raise PatchError(f"{where}: a section both adds and deletes its file")
+    renamed = "rename from " in ext or "rename to " in ext
+    copied = "copy from " in ext or "copy to " in ext
+    if renamed + copied + new_file + deleted > 1 or (renamed or copied) and not (
+            ("rename from " in ext and "rename to " in ext) or ("copy from " in ext and "copy to " in ext)):
+        raise PatchError(f"{where}: inconsistent git headers (rename/copy/new/deleted)")
+    old_mode = _mode(ext.get("old mode ") or ext.get("deleted file mode ") or "100644", where) \
+        if ("old mode " in ext or deleted) else None
+    new_mode = _mode(ext.get("new mode ") or ext.get("new file mode ") or "100644", where) \
+        if ("new mode " in ext or new_file) else None
+    if "index " in ext and (m := re.fullmatch(r"[0-9a-f]+\.\.[0-9a-f]+ ([0-7]{6})", ext["index "].strip())):
+        old_mode = new_mode = old_mode or _mode(m.group(1), where)  # unchanged mode of a modified entry
+    if (old_mode == SYMLINK_MODE) != (new_mode == SYMLINK_MODE) and old_mode and new_mode:
+        raise PatchError(f"{where}: a mode change between a file and a symlink")
+    # Every source of a name must agree: diff --git, rename/copy, and ---/+++.
+    olds = [git_old, ext.get("rename from "), ext.get("copy from ")]
+    news = [git_new, ext.get("rename to "), ext.get("copy to ")]
+    hunks: tuple[Hunk, ...] = ()
+    if not binary and (r.header() or "").startswith("--- "):
+        if not (r.header(1) or "").startswith("+++ "):
+            raise PatchError(f"{r.where()}: a '--- ' file header not followed by a '+++ ' header")
+        old_raw, new_raw, hwhere = _file_headers(r)
+        if (old_raw == "/dev/null") != new_file or (new_raw == "/dev/null") != deleted:
+            raise PatchError(f"{hwhere}: /dev/null headers disagree with the git new/deleted file headers")
+        olds.append(None if old_raw == "/dev/null" else _strip_one(old_raw, hwhere))
+        news.append(None if new_raw == "/dev/null" else _strip_one(new_raw, hwhere))
+        hunks = _hunks(r, new_file=new_file, deleted=deleted)
+        if not hunks:
+            raise PatchError(f"{hwhere}: file headers with no hunk after them")
+    old_names, new_names = {n for n in olds if n is not None}, {n for n in news if n is not None}
+    if len(old_names) > 1 or len(new_names) > 1:
+        names = sorted(old_names | new_names)
+        raise PatchError(f"{where}: the section's headers name different files ({', '.join(map(_show, names))})")
+    old = None if new_file else next(iter(old_names), None) or next(iter(new_names), None)
+    new = None if deleted else next(iter(new_names), None) or next(iter(old_names), None)
+    if old is None and new is None:
+        raise PatchError(f"{where}: cannot tell the file names from the 'diff --git' line (quote names with spaces)")
+    if old is not None and new is not None and old != new and not (renamed or copied):
+        raise PatchError(f"{where}: names two different files without a rename or copy header")
+    if not (hunks or binary or new_file or deleted or renamed or copied or old_mode != new_mode):
+        raise PatchError(f"{where}: a 'diff --git' section that changes nothing")
+    return FilePatch(old, new, hunks, old_mode, new_mode, copied, binary, start)
+
+
+def _hunks(r: _Reader, new_file: bool, deleted: bool) -> tuple[Hunk, ...]:
+    hunks: list[Hunk] = []
+    ended = {"old": False, "new": False}  # a "\ No newline" marker closed that side of the file
+    while (line := r.header()) is not None and line.startswith("@@"):
+        where, header_line = r.where(), r.i + 1
+        m = _HUNK_HEADER.match(line)
+        if not m:
+            raise PatchError(f"{where}: malformed hunk header (expected '@@ -l[,s] +l[,s] @@')")
+        old_start, new_start = int(m.group(1)), int(m.group(3))
+        old_count = int(m.group(2)) if m.group(2) is not None else 1
+        new_count = int(m.group(4)) if m.group(4) is not None else 1
+        if old_start == 0 and old_count:
+            raise PatchError(f"{where}: a hunk at old line 0 must remove no lines")
+        if new_start == 0 and new_count:
+            raise PatchError(f"{where}: a hunk at new line 0 must add no lines")
+        if (new_file and (old_start or old_count)) or (deleted and (new_start or new_count)):
+            raise PatchError(f"{where}: hunk ranges disagree with the added/deleted file ({_show(line[:40])})")
+        if hunks:
+            prev = hunks[-1]
+            if ended["old"] or ended["new"]:
+                raise PatchError(f"{where}: a hunk after the end of the file ('\\ No newline at end of file')")
+            first = old_start - 1 if old_count else old_start
+            prev_first = prev.old_start - 1 if prev.old_count else prev.old_start
+            if first < prev_first + prev.old_count:
+                raise PatchError(f"{where}: hunks overlap or are out of order")
+        r.i += 1
+        body: list[tuple[str, str]] = []
+        old_left, new_left = old_count, new_count
+        while True:
+            raw = r.peek()
+            if raw is not None and raw.startswith("\\"):  # "\ No newline at end of file" (any language)
+                if not body:
+                    raise PatchError(f"{r.where()}: a '\\' line with no hunk line before it")
+                tag, text = body[-1]
+                if not text.endswith("\n"):
+                    raise PatchError(f"{r.where()}: two '\\' lines for one hunk line")
+                body[-1] = (tag, text[:-1])
+                for side in (("old",) if tag == "-" else ("new",) if tag == "+" else ("old", "new")):
+                    ended[side] = True
+                r.i += 1
+                continue
+            if old_left == 0 and new_left == 0:
+                break
+            if raw is None:
+                raise PatchError(f"{where}: the patch ends inside this hunk ({old_left} old and {new_left} new "
+                                 "lines its header counts are missing)")
+            tag, text = (" ", "") if raw in ("", "\r") else (raw[:1], raw[1:])
+            sides = {" ": ("old", "new"), "-": ("old",), "+": ("new",)}.get(tag)
+            if sides is None:
+                raise PatchError(f"{r.where()}: not a hunk line (' ', '-' or '+'); the @@ header at {where} counts "
+                                 f"{old_left} more old and {new_left} more new lines")
+            if ("old" in sides and old_left == 0) or ("new" in sides and new_left == 0):
+                raise PatchError(f"{r.where()}: more {'/'.join(sides)} lines than the @@ header at {where} counts")
+            if any(ended[s] for s in sides):
+                raise PatchError(f"{r.where()}: a line after '\\ No newline at end of file'")
+            old_left -= "old" in sides
+            new_left -= "new" in sides
+            body.append((tag, text + "\n"))
+            r.i += 1
+        hunks.append(Hunk(old_start, old_count, new_start, new_count, tuple(body), header_line))
+    return tuple(hunks)
+
+
+# ------------------------------------------------------------------------------------------------ apply
+@dataclass(frozen=True)
+class Entry:
+    kind: str  # "file" or "symlink"
+    data: bytes  # a file's bytes, or a link's target
+    mode: int | None = None  # a file's permission bits
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", "surrogateescape")
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str
+    before: Entry | None  # None: the patch adds it
+    after: Entry | None  # None: the patch deletes it
+
+
+@dataclass
+class _Tree:
+    root: Path
+    cache: dict[str, Entry | None] = field(default_factory=dict)
+
+    def entry(self, rel: str) -> Entry | None:
+        """What is at `rel` now (its parent resolved inside the root, the final component not followed)."""
+        if rel not in self.cache:
+            self.cache[rel] = _read_entry(self.root, rel)
+        return self.cache[rel]
+
+
+def _locate(root_real: Path, rel: str) -> Path:
+    """`rel`'s directory resolved inside the root, joined with its final component (not followed)."""
+    pure = PurePosixPath(rel)
+    try:
+        return _resolve_dir(root_real, pure.parent.as_posix()) / pure.name
+    except PatchError as e:
+        raise PatchError(f"{_show(rel)}: {e}") from None
+
+
+def _read_entry(root_real: Path, rel: str) -> Entry | None:
+    if problem := path_problem(rel):
+        raise PatchError(f"path {_show(rel)} {problem}")
+    path = _locate(root_real, rel)
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise PatchError(f"{_show(rel)} cannot be read ({type(e).__name__})") from None
+    if stat.S_ISLNK(st.st_mode):
+        return Entry("symlink", os.fsencode(os.readlink(path)))
+    if stat.S_ISREG(st.st_mode):
+        return Entry("file", _read_regular(path, _show(rel)), stat.S_IMODE(st.st_mode))
+    raise PatchError(f"{_show(rel)} is a directory, FIFO, socket or device, not a file a patch can change")
+
+
+def _split(text: str) -> list[str]:
+    lines = text.split("\n")
+    return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+
+
+def _apply_hunks(text: str, hunks: tuple[Hunk, ...], crlf: bool, rel: str) -> str:
+    lines = _split(text)
+    if crlf and text and text.count("\r\n") == text.count("\n"):  # a CRLF patch (read as LF) on a CRLF file
+        def convert(items):
+            return [t[:-1] + "\r\n" if t.endswith("\n") else t for t in items]
+    else:
+        def convert(items):
+            return items
+    out: list[str] = []
+    pos, offset = 0, 0
+    for k, h in enumerate(hunks, 1):
+        old, new = convert(h.old_lines), convert(h.new_lines)
+        want = (h.old_start - 1 if h.old_count else h.old_start) + offset
+        last = len(lines) - len(old)  # the last index a match can start at
+        found = None
+        if not old:  # no context to find it by: only where its header says
+            found = want if pos <= want <= len(lines) else None
+        else:  # the nearest exact match, as `patch` looks for one (no fuzz)
+            for delta in range(max(abs(want - pos), abs(last - want)) + 1):
+                for at in ((want,) if delta == 0 else (want - delta, want + delta)):
+                    if pos <= at <= last and lines[at:at + len(old)] == old:
+                        found = at
+                        break
+                if found is not None:
+                    break
+        if found is None:
+            raise PatchError(f"hunk {k} of {_show(rel)} (patch line {h.line}) does not match the file")
+        out += lines[pos:found] + new
+        pos, offset = found + len(old), found - (h.old_start - 1 if h.old_count else h.old_start)
+    out += lines[pos:]
+    if any(not line.endswith("\n") for line in out[:-1]):
+        raise PatchError(f"{_show(rel)}: a line without a newline would end up before the end of the file")
+    return "".join(out)
+
+
+def _new_entry(tree: _Tree, f: FilePatch, before: Entry | None, crlf: bool, rel: str) -> Entry:
+    """What `f`'s hunks make of `before` (an empty file when it is added)."""
+    kind = "symlink" if f.new_mode == SYMLINK_MODE or (f.new_mode is None and before and before.kind == "symlink") \
+        else "file"
+    if before is not None and (before.kind == "symlink") != (kind == "symlink"):
+        raise PatchError(f"{_show(rel)} is a {before.kind} in the tree but the patch changes it as a {kind}")
+    old_text = before.text() if before else ""
+    try:
+        data = _apply_hunks(old_text, f.hunks, crlf, rel).encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise PatchError(f"{_show(rel)}: the patched text is not valid UTF-8") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise PatchError(f"{_show(rel)} would be {len(data)} bytes; at most {MAX_FILE_BYTES}")
+    if kind == "symlink" and f.new_path is not None:
+        _check_link_target(tree.root, rel, data)
+        return Entry("symlink", data)
+    mode = MODES.get(f.new_mode) if f.new_mode else (before.mode if before else None)
+    return Entry("file", data, mode)
+
+
+def _check_link_target(root_real: Path, rel: str, target: bytes) -> None:
+    """A symlink the patch makes must point, relatively, at a path inside the tree (not the tree itself)."""
+    try:
+        name = target.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PatchError(f"symlink {_show(rel)}: its target is not UTF-8") from None
+    if not name or name.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise PatchError(f"symlink {_show(rel)}: target {_show(name)} must be a relative path")
+    link_dir = PurePosixPath(rel).parent
+    lexical = os.path.normpath((link_dir / name).as_posix())
+    if lexical in (".", "..") or lexical.startswith("../"):
+        raise PatchError(f"symlink {_show(rel)}: target {_show(name)} leaves the tree")
+    try:
+        resolved = (_resolve_dir(root_real, link_dir.as_posix()) / name).resolve(strict=False)
+    except (OSError, RuntimeError):
+        raise PatchError(f"symlink {_show(rel)}: target {_show(name)} loops") from None
+    if resolved == root_real or not resolved.is_relative_to(root_real):
+        raise PatchError(f"symlink {_show(rel)}: target {_show(name)} resolves outside the tree")
+
+
+def plan_patch(root: str | Path, patch: str | Patch, *, skip_binary: bool = False) -> list[Change]:
+    """The changes `patch` makes to the tree at `root`, computed without writing anything (sorted by path).
+
+    Every file is read through its parent resolved inside `root` now (a symlink in the tree pointing out is
+    refused; a symlink entry itself is read as its target, the git way). Binary sections have no text to
+    apply: PatchError, or left out with `skip_binary` (what `patch -p1` does with them)."""
+    parsed = patch if isinstance(patch, Patch) else parse_patch(patch)
+    try:
+        root_real = Path(root).resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise PatchError("the tree to patch does not exist") from None
+    if not root_real.is_dir():
+        raise PatchError("the tree to patch is not a directory")
+    tree = _Tree(root_real)
+    changes: list[Change] = []
+    for f in parsed.files:
+        if f.binary:
+            if skip_binary:
+                continue
+            raise PatchError(f"line {f.line}: a binary change of {_show(f.paths[0])}; there is no text to apply")
+        src = f.old_path
+        before = tree.entry(src) if src is not None else None
+        if src is not None and before is None:
+            raise PatchError(f"line {f.line}: {_show(src)} does not exist in the tree")
+        if f.new_path is not None and f.new_path != src and tree.entry(f.new_path) is not None:
+            raise PatchError(f"line {f.line}: {_show(f.new_path)} already exists in the tree")
+        if f.new_path is None:
+            after = _new_entry(tree, f, before, parsed.crlf, src)
+            if after.data:
+                raise PatchError(f"line {f.line}: deletes {_show(src)} but its hunks leave text in it")
+            changes.append(Change(src, before, None))
+            continue
+        after = _new_entry(tree, f, before, parsed.crlf, f.new_path)
+        if src is not None and src != f.new_path:
+            if not f.copy:
+                changes.append(Change(src, before, None))
+            changes.append(Change(f.new_path, None, after))
+        elif after != before:
+            changes.append(Change(f.new_path, before, after))
+    written = {c.path: c.after for c in changes if c.after is not None}
+    for path in written:
+        for parent in PurePosixPath(path).parents:
+            if parent.as_posix() in written:
+                raise PatchError(f"the patch writes {_show(path)} beneath {_show(parent.as_posix())}, which it "
+                                 f"makes a {written[parent.as_posix()].kind}")
+    return sorted(changes, key=lambda c: c.path)
+
+
+def apply_patch(root: str | Path, patch: str | Patch, *, skip_binary: bool = False) -> list[Change]:
+    """Apply `patch` to the tree at `root` (`patch -p1` names) and return its changes. Every hunk is matched
+    first (`plan_patch`): if one fails, PatchError and nothing is written. Each write resolves its directory
+    inside `root` again, creates nothing through a symlink, and never follows one at the final component."""
+    changes = plan_patch(root, patch, skip_binary=skip_binary)
+    root_real = Path(root).resolve(strict=True)
+    try:
+        for c in changes:
+            if c.after is None:
+                os.unlink(_locate(root_real, c.path))
+        for c in changes:
+            if c.after is None:
+                continue
+            rel = PurePosixPath(c.path)
+            parent_rel = rel.parent.as_posix()
+            parent = _resolve_dir(root_real, parent_rel)
+            parent.mkdir(parents=True, exist_ok=True)
+            if _resolve_dir(root_real, parent_rel) != parent:
+                raise PatchError(f"the directory of {_show(c.path)} changed while the patch was applied")
+            target = parent / rel.name
+            if os.path.islink(target):  # a symlink the patch retargets (never written through)
+                os.unlink(target)
+            if c.after.kind == "symlink":
+                _check_link_target(root_real, c.path, c.after.data)
+                os.symlink(os.fsdecode(c.after.data), target)
+                continue
+            fd = _open_nofollow(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            with os.fdopen(fd, "wb") as out:
+                out.write(c.after.data)
+                if c.after.mode is not None:
+                    os.fchmod(out.fileno(), c.after.mode)
+    except OSError as e:
+        raise PatchError(f"writing the patched files failed ({type(e).__name__}: {e.strerror})") from None
+    return changes

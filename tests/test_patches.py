@@ -1,0 +1,549 @@
+"""env/patches.py: the one unified-diff parser. Hunk lines are counted by their @@ headers (a body line that looks
+like a header stays a body line), every path is checked when parsed and resolved inside its root when read or
+written, and no gold edit, applied patch or error message ever carries a file from outside the root."""
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from env.patches import PatchError, apply_patch, parse_patch, plan_patch, read_text_inside, resolve_inside
+from env.policies import GoldPolicy, OraclePolicy, patch_edits
+from env.tasks import TaskError, load_task, make_patch, write_task
+
+SENTINEL = "SENTINEL-HOST-FILE-CONTENT-5c1e"
+REPO = {"calc/ops.py": "def add(a, b):\n    return a - b\n", "tests/test_ops.py": "from calc.ops import add\n"}
+OPS = REPO["calc/ops.py"]
+
+
+@pytest.fixture
+def host(tmp_path) -> Path:
+    """Files outside every root: a sentinel next to the task set and one in the system temp directory (where
+    a scratch copy of a repo used to live)."""
+    d = tmp_path / "host"
+    d.mkdir()
+    (d / "SENTINEL.txt").write_text(SENTINEL + "\n")
+    fd, name = tempfile.mkstemp(prefix="SENTINEL-", suffix=".txt")
+    os.write(fd, (SENTINEL + "\n").encode())
+    os.close(fd)
+    (d / "tmp-name").write_text(Path(name).name)
+    yield d
+    os.unlink(name)
+
+
+def host_state(host: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(host.iterdir())}
+
+
+def task_with(parent: Path, gold_patch: str, task_id: str = "t", repo: dict | None = None):
+    root = write_task(parent / task_id, id=task_id, instruction="Fix add.", test_command="python -m pytest -q",
+                      repo=repo or REPO, gold_patch=gold_patch)
+    return load_task(root)
+
+
+def tree_text(root: Path) -> str:
+    """Every regular file's bytes below `root` (symlinks not followed), for 'no host content here' checks."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            p = Path(dirpath) / name
+            if not p.is_symlink():
+                out.append(p.read_bytes().decode("utf-8", "replace"))
+    return "\n".join(out)
+
+
+def hunk_patch(path: str = "calc/ops.py", extra: list[str] = ()) -> str:
+    """A patch of calc/ops.py whose hunk has the hunk lines `extra` (counted in its header) after the fix."""
+    body = ["-    return a - b", "+    return a + b", *extra]
+    old = 2 + sum(line[:1] in "- " for line in extra)
+    new = 2 + sum(line[:1] in "+ " for line in extra)
+    return (f"--- a/{path}\n+++ b/{path}\n@@ -1,{old} +1,{new} @@\n def add(a, b):\n" + "\n".join(body) + "\n")
+
+
+# ------------------------------------------------------------------------------------------ the attack
+def test_header_lines_inside_a_hunk_are_hunk_lines_not_files(tmp_path, host):
+    """The bug: a hunk line `+++ b/../../..` passed validation (bodies skipped) and was then taken for a
+    header by a second parser, which read the host file through the scratch copy into a gold edit_file."""
+    tmp_name = (host / "tmp-name").read_text()
+    evil = [f"+++ b/{'../' * 12}{host.relative_to('/')}/SENTINEL.txt", f"+++ b/../../{tmp_name}",
+            f"+-- a/../../{tmp_name}", "+++ b/../../../../../../../../etc/passwd", "+diff --git a/../x b/../x"]
+    task = task_with(tmp_path / "set", hunk_patch(extra=evil))
+    assert parse_patch(task.gold_patch).paths == ["calc/ops.py"]
+    assert parse_patch(hunk_patch(extra=[f"--- a/../../{tmp_name}"])).paths == ["calc/ops.py"]  # a removed line
+    calls = patch_edits(task)
+    assert [c["path"] for c in calls] == ["calc/ops.py"]
+    assert calls[0]["arguments"]["new_str"].count("../") > 0  # the lines are text added to ops.py, nothing more
+    dumped = json.dumps(calls)
+    assert SENTINEL not in dumped and "root:" not in dumped
+    gold = GoldPolicy()
+    gold.reset(task)
+    assert SENTINEL not in json.dumps(gold.turns)
+    oracle = OraclePolicy(seed=0)
+    oracle.reset(task)
+    assert SENTINEL not in json.dumps(oracle.edits, default=str)
+
+
+def test_a_gold_episode_of_the_attack_never_shows_the_host_file(tmp_path, host):
+    from env.episode import run_episode
+
+    task = task_with(tmp_path / "set", hunk_patch(extra=[f"+++ b/{'../' * 12}{host.relative_to('/')}/SENTINEL.txt"]))
+    traj = run_episode(task, GoldPolicy())
+    assert traj.turns and SENTINEL not in json.dumps(traj.to_dict(), default=str)
+    assert host_state(host)["SENTINEL.txt"] == (SENTINEL + "\n").encode()
+
+
+def test_an_undercounted_hunk_makes_its_header_looking_line_an_error(tmp_path):
+    patch = "--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -2 +2 @@\n-    return a - b\n+    return a + b\n" \
+            "+++ b/../../etc/passwd\n"
+    with pytest.raises(PatchError, match="line 6: a '\\+\\+\\+' line out of place"):
+        parse_patch(patch)
+    root = write_task(tmp_path / "t", id="under", instruction="i", test_command="true", repo=REPO, gold_patch=patch)
+    with pytest.raises(TaskError, match=r"task 'under' .*gold\.patch line 6"):
+        load_task(root)
+
+
+# ------------------------------------------------------------------------------------------ names
+@pytest.mark.parametrize("name, problem", [
+    ("a/../../evil.py", "leaves the tree"),
+    ("a/calc/../../x", "leaves the tree"),
+    ("/etc/passwd", "absolute path"),
+    ("a/x\x00y", "control character"),
+    ("a/x\x01y", "control character"),
+    ("a/x\ud800y", "not valid UTF-8"),
+    ("evil.py", "no leading directory"),
+    ('"a/..\\057..\\057etc\\057passwd"', "leaves the tree"),  # octal escapes for '/'
+    ('"a/x\\ty"', "control character"),
+    ('"a/x\\qy"', "unknown escape"),
+    ('"a/x', "no closing quote|malformed 'diff --git' line"),
+    ('"a/\\377\\376"', "not UTF-8"),
+])
+def test_bad_names_are_refused_with_one_line(name, problem):
+    for patch in (f"--- {name}\n+++ {name}\n@@ -0,0 +1 @@\n+x\n",
+                  f"diff --git {name} {name}\nnew file mode 100644\n--- /dev/null\n+++ {name}\n@@ -0,0 +1 @@\n+x\n"):
+        with pytest.raises(PatchError) as err:
+            parse_patch(patch)
+        assert re.search(problem, str(err.value)) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("header", ["rename from", "rename to", "copy from", "copy to"])
+def test_git_rename_and_copy_names_are_checked(header):
+    lines = {"rename from": "calc/ops.py", "rename to": "calc/new.py", "copy from": "calc/ops.py",
+             "copy to": "calc/new.py"}
+    kind = header.split()[0]
+    lines = {k: v for k, v in lines.items() if k.startswith(kind)}
+    lines[header] = "../../etc/cron.d/x"
+    patch = "diff --git a/calc/ops.py b/calc/new.py\n" + "".join(f"{k} {v}\n" for k, v in lines.items())
+    with pytest.raises(PatchError, match="leaves the tree"):
+        parse_patch(patch)
+
+
+def test_quoted_and_spaced_names_apply_to_the_right_files(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "with space.txt").write_text("a\n")
+    (ws / "café.py").write_text("x = 1\n")
+    (ws / 'q"uote.txt').write_text("q\n")
+    patch = ("diff --git a/with space.txt b/with space.txt\n--- a/with space.txt\n+++ b/with space.txt\n"  # as
+             "@@ -1 +1 @@\n-a\n+b\n"  # nanocomposer/agent/changes.py writes it (no tab; `patch -p1` got 'with')
+             'diff --git "a/caf\\303\\251.py" "b/caf\\303\\251.py"\n--- "a/caf\\303\\251.py"\n'
+             '+++ "b/caf\\303\\251.py"\n@@ -1 +1 @@\n-x = 1\n+x = 2\n'
+             'diff --git "a/q\\"uote.txt" "b/q\\"uote.txt"\n--- "a/q\\"uote.txt"\t2024-01-01\n'
+             '+++ "b/q\\"uote.txt"\t2024-01-01\n@@ -1 +1 @@\n-q\n+Q\n'
+             "--- a/new dir/new file.txt\t\n+++ b/new dir/new file.txt\t\n@@ -0,0 +1 @@\n+n\n")
+    (ws / "new dir").mkdir()
+    (ws / "new dir/new file.txt").write_text("")
+    assert parse_patch(patch).paths == ["with space.txt", "café.py", 'q"uote.txt', "new dir/new file.txt"]
+    apply_patch(ws, patch)
+    assert (ws / "with space.txt").read_text() == "b\n" and (ws / "café.py").read_text() == "x = 2\n"
+    assert (ws / 'q"uote.txt').read_text() == "Q\n" and (ws / "new dir/new file.txt").read_text() == "n\n"
+    assert not (ws / "with").exists()
+
+
+def test_names_that_disagree_are_refused():
+    for patch, problem in [
+        ("--- a/x.py\n+++ b/y.py\n@@ -1 +1 @@\n-a\n+b\n", "two different files"),
+        ("diff --git a/x.py b/x.py\n--- a/y.py\n+++ b/y.py\n@@ -1 +1 @@\n-a\n+b\n", "different files"),
+        ("--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n--- a/x.py\n+++ b/x.py\n@@ -3 +3 @@\n-a\n+b\n", "again"),
+        ("diff --git a/x.py b/x.py\nnew file mode 100644\n--- a/x.py\n+++ b/x.py\n@@ -0,0 +1 @@\n+b\n",
+         "/dev/null headers disagree"),
+        ("diff --git a/x b/x\nnew file mode 160000\n", "not supported"),
+        ("diff --git a/x b/x\n", "changes nothing"),
+    ]:
+        with pytest.raises(PatchError, match=problem):
+            parse_patch(patch)
+
+
+# ------------------------------------------------------------------------------------------ symlinks
+def test_paths_resolve_inside_their_root_at_access_time(tmp_path, host):
+    root = tmp_path / "root"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg/a.py").write_text("a\n")
+    os.symlink(host, root / "out")  # a repo symlink pointing outside
+    os.symlink("pkg", root / "inner")  # one that stays inside
+    os.symlink("/etc", root / "etc")
+    assert resolve_inside(root, "inner/a.py") == (root / "pkg/a.py").resolve()
+    for rel in ("out/SENTINEL.txt", "etc/passwd", "../host/SENTINEL.txt", "/etc/passwd", ".", "pkg/../.."):
+        with pytest.raises(PatchError):
+            resolve_inside(root, rel)
+    with pytest.raises(PatchError) as err:
+        read_text_inside(root, "out/SENTINEL.txt")
+    assert SENTINEL not in str(err.value)
+    assert read_text_inside(root, "inner/a.py") == "a\n"
+
+
+@pytest.mark.parametrize("target", ["etc", "out"])
+def test_apply_refuses_to_touch_through_a_symlink_leaving_the_root(tmp_path, host, target):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.symlink("/etc" if target == "etc" else str(host), ws / target)
+    before = host_state(host)
+    for patch in (f"--- a/{target}/passwd\n+++ b/{target}/passwd\n@@ -1 +1 @@\n-root\n+evil\n",
+                  f"--- /dev/null\n+++ b/{target}/cron\n@@ -0,0 +1 @@\n+evil\n",
+                  f"--- a/{target}/SENTINEL.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-{SENTINEL}\n"):
+        with pytest.raises(PatchError, match="outside its tree") as err:
+            apply_patch(ws, patch)
+        assert SENTINEL not in str(err.value)
+    assert host_state(host) == before
+
+
+def test_symlinks_a_patch_makes_stay_inside_and_are_never_written_through(tmp_path, host):
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg/a.py").write_text("a\n")
+
+    def link(name, target):
+        return (f"diff --git a/{name} b/{name}\nnew file mode 120000\n--- /dev/null\n+++ b/{name}\n@@ -0,0 +1 @@\n"
+                f"+{target}\n\\ No newline at end of file\n")
+
+    for patch in (link("l", str(host)), link("l", "../host"), link("pkg/l", "../.."), link("l", "."),
+                  link("l", "pkg") + "--- /dev/null\n+++ b/l/evil.py\n@@ -0,0 +1 @@\n+x\n"):
+        with pytest.raises(PatchError):
+            apply_patch(ws, patch)
+    assert sorted(p.name for p in ws.iterdir()) == ["pkg"]
+    apply_patch(ws, link("alias.py", "pkg/a.py"))
+    assert os.readlink(ws / "alias.py") == "pkg/a.py"
+    # a text diff of a symlink entry changes its target, the git way; it never writes into the file it names
+    retarget = "diff --git a/alias.py b/alias.py\n--- a/alias.py\n+++ b/alias.py\n@@ -1 +1 @@\n-pkg/a.py\n" \
+               "\\ No newline at end of file\n+pkg\n\\ No newline at end of file\n"
+    apply_patch(ws, retarget)
+    assert os.readlink(ws / "alias.py") == "pkg" and (ws / "pkg/a.py").read_text() == "a\n"
+
+
+def test_gold_edits_never_read_through_a_symlink_planted_after_loading(tmp_path, host):
+    task = task_with(tmp_path / "set", make_patch(REPO, {**REPO, "calc/ops.py": OPS.replace("-", "+")}))
+    ops = task.repo_dir / "calc/ops.py"
+    ops.unlink()
+    os.symlink(host / "SENTINEL.txt", ops)  # the task directory changed after load_task checked it
+    with pytest.raises(TaskError) as err:
+        patch_edits(task)
+    assert SENTINEL not in str(err.value) and "task 't'" in str(err.value)
+    ops.unlink()
+    shutil.rmtree(task.repo_dir / "calc")
+    os.symlink(host, task.repo_dir / "calc")  # the whole directory now points at the host
+    with pytest.raises(TaskError, match="outside its tree") as err:
+        patch_edits(task)
+    assert SENTINEL not in str(err.value)
+
+
+def test_a_gold_patch_that_became_a_symlink_is_not_read(tmp_path, host):
+    task = task_with(tmp_path / "set", make_patch(REPO, {**REPO, "calc/ops.py": OPS.replace("-", "+")}))
+    (host / "evil.patch").write_text(hunk_patch(extra=[f"+{SENTINEL}"]))
+    (task.root / "gold.patch").unlink()
+    os.symlink(host / "evil.patch", task.root / "gold.patch")
+    with pytest.raises(TaskError, match="regular file"):
+        patch_edits(task)
+
+
+# ------------------------------------------------------------------------------------------ /dev/null, EOF, CRLF
+def test_added_and_deleted_files_through_dev_null(tmp_path):
+    after = {"calc/ops.py": OPS, "calc/new.py": "NEW = 1\n"}  # tests/test_ops.py deleted, calc/new.py added
+    patch = make_patch(REPO, after)
+    assert "--- /dev/null\n+++ b/calc/new.py" in patch and "--- a/tests/test_ops.py\n+++ /dev/null" in patch
+    parsed = parse_patch(patch)
+    assert [(f.old_path, f.new_path) for f in parsed.files] == [(None, "calc/new.py"), ("tests/test_ops.py", None)]
+    task = task_with(tmp_path / "set", patch)
+    calls = patch_edits(task)
+    assert calls == [
+        {"name": "edit_file", "arguments": {"path": "calc/new.py", "old_str": "", "new_str": "NEW = 1\n"},
+         "path": "calc/new.py", "symbol": None},
+        {"name": "run", "arguments": {"command": "rm tests/test_ops.py"}, "path": "tests/test_ops.py", "symbol": None}]
+    ws = tmp_path / "ws"
+    shutil.copytree(task.repo_dir, ws)
+    apply_patch(ws, patch)
+    assert (ws / "calc/new.py").read_text() == "NEW = 1\n" and not (ws / "tests/test_ops.py").exists()
+    with pytest.raises(PatchError, match="already exists"):
+        apply_patch(ws, make_patch({}, {"calc/new.py": "again\n"}))
+    with pytest.raises(PatchError, match="does not exist"):
+        apply_patch(ws, "--- a/gone.py\n+++ b/gone.py\n@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(PatchError, match="leave text"):
+        apply_patch(ws, "--- a/calc/ops.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-def add(a, b):\n")
+    # git's way: an empty file added and deleted with no hunk at all
+    apply_patch(ws, "diff --git a/empty.txt b/empty.txt\nnew file mode 100644\nindex 0000000..e69de29\n")
+    assert (ws / "empty.txt").read_bytes() == b""
+    apply_patch(ws, "diff --git a/empty.txt b/empty.txt\ndeleted file mode 100644\nindex e69de29..0000000\n")
+    assert not (ws / "empty.txt").exists()
+
+
+def test_no_newline_at_end_of_file(tmp_path):
+    before, after = {"a.txt": "one\ntwo"}, {"a.txt": "one\nTWO"}
+    patch = make_patch(before, after)
+    assert patch.count("\\ No newline at end of file") == 2
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("one\ntwo")
+    apply_patch(ws, patch)
+    assert (ws / "a.txt").read_text() == "one\nTWO"
+    apply_patch(ws, make_patch({"a.txt": "one\nTWO"}, {"a.txt": "one\nTWO\nthree\n"}))
+    assert (ws / "a.txt").read_text() == "one\nTWO\nthree\n"
+    for bad, problem in [
+        ("--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n-one\n\\ No newline at end of file\n-TWO\n+x\n+y\n",
+         "after '\\\\ No newline"),
+        ("--- a/a.txt\n+++ b/a.txt\n\\ No newline at end of file\n", "no hunk after"),
+        ("--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-one\n\\ No newline at end of file\n+x\n@@ -3 +3 @@\n-t\n+u\n",
+         "after the end of the file"),
+    ]:
+        with pytest.raises(PatchError, match=problem):
+            parse_patch(bad)
+
+
+def test_crlf_patches(tmp_path):
+    before, after = {"a.txt": "one\ntwo\n"}, {"a.txt": "one\n2\n"}
+    crlf_patch = make_patch(before, after).replace("\n", "\r\n")
+    assert parse_patch(crlf_patch).crlf and parse_patch(crlf_patch).paths == ["a.txt"]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_bytes(b"one\ntwo\n")
+    apply_patch(ws, crlf_patch)  # a patch saved with CRLF endings, applied to an LF file
+    assert (ws / "a.txt").read_bytes() == b"one\n2\n"
+    (ws / "a.txt").write_bytes(b"one\r\ntwo\r\n")
+    apply_patch(ws, crlf_patch)  # ... and to a CRLF file: the file keeps its CRLF endings
+    assert (ws / "a.txt").read_bytes() == b"one\r\n2\r\n"
+    (ws / "a.txt").write_bytes(b"one\r\ntwo\r\n")
+    apply_patch(ws, make_patch({"a.txt": "one\r\ntwo\r\n"}, {"a.txt": "one\r\n3\r\n"}))  # git-style: CRs in lines
+    assert (ws / "a.txt").read_bytes() == b"one\r\n3\r\n"
+
+
+# ------------------------------------------------------------------------------------------ malformed hunks
+@pytest.mark.parametrize("body, problem", [
+    ("@@ -1,2 +1,2 @@\n-a\n+b\n", "ends inside this hunk"),  # counts more lines than there are
+    ("@@ -1 +1 @@\n-a\n+b\n+c\n", "past the end of the hunk"),  # a line past its counts
+    ("@@ -1 +1 @@\n-a\n-b\n+c\n", "more old lines"),
+    ("@@ -1,3 +1,3 @@\n-a\n+b\n x\n*junk\n", "not a hunk line"),
+    ("@@ -1 +1\n-a\n+b\n", "malformed hunk header"),
+    ("@@ -a +1 @@\n-a\n+b\n", "malformed hunk header"),
+    ("@@ -1 +1 @@ \n-a\n+b\n", None),  # a trailing blank after @@ is git's empty section name
+    ("@@ -" + "9" * 5000 + " +1 @@\n-a\n+b\n", "malformed hunk header"),
+    ("@@ -0,1 +1 @@\n-a\n+b\n", "old line 0"),
+    ("@@ -3 +3 @@\n-a\n+b\n@@ -1 +1 @@\n-a\n+b\n", "out of order"),
+    ("", "no hunk after"),
+])
+def test_malformed_hunks(body, problem):
+    patch = "--- a/x.txt\n+++ b/x.txt\n" + body
+    if problem is None:
+        parse_patch(patch)
+        return
+    with pytest.raises(PatchError, match=problem) as err:
+        parse_patch(patch)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("patch, problem", [
+    ("+++ b/x.txt\n@@ -1 +1 @@\n-a\n+b\n", "out of place"),
+    ("@@ -1 +1 @@\n-a\n+b\n", "out of place"),
+    ("--- a/x.txt\nnot a header\n", "not followed by a '\\+\\+\\+ '"),
+    ("rename from a\nrename to b\n", "out of place"),
+    ("*** a/x.txt\n--- b/x.txt\n***************\n", "context diff"),
+    ("just prose\n", "no file sections"),
+])
+def test_malformed_structure(patch, problem):
+    with pytest.raises(PatchError, match=problem):
+        parse_patch(patch)
+
+
+def test_text_around_sections_is_fine_and_a_failed_hunk_writes_nothing(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    (ws / "b.txt").write_text("b\n")
+    patch = ("From 1234 Mon Sep 17 00:00:00 2001\nSubject: fix\n\n---\n a.txt | 2 +-\n\n"
+             "diff --git a/a.txt b/a.txt\nindex 1111111..2222222 100644\n--- a/a.txt\n+++ b/a.txt\n"
+             "@@ -1 +1 @@\n-a\n+A\n\n-- \n2.39.5\n")
+    apply_patch(ws, patch)
+    assert (ws / "a.txt").read_text() == "A\n"
+    two = make_patch({"a.txt": "A\n", "b.txt": "b\n"}, {"a.txt": "AA\n", "b.txt": "B\n"}).replace("-b\n", "-nope\n")
+    with pytest.raises(PatchError, match="hunk 1 of 'b.txt'"):
+        apply_patch(ws, two)
+    assert (ws / "a.txt").read_text() == "A\n"  # the first file was not written either
+
+
+def test_hunks_apply_at_an_offset_without_fuzz(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "x.txt").write_text("pad\npad\nctx\nold\nctx2\n")
+    apply_patch(ws, "--- a/x.txt\n+++ b/x.txt\n@@ -1,3 +1,3 @@\n ctx\n-old\n+new\n ctx2\n")
+    assert (ws / "x.txt").read_text() == "pad\npad\nctx\nnew\nctx2\n"
+    with pytest.raises(PatchError, match="does not match"):
+        apply_patch(ws, "--- a/x.txt\n+++ b/x.txt\n@@ -1,3 +1,3 @@\n ctx\n-old \n+new\n ctx2\n")
+
+
+def test_modes_and_renames(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "run.sh").write_text("echo hi\n")
+    apply_patch(ws, "diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n")
+    assert os.stat(ws / "run.sh").st_mode & 0o777 == 0o755
+    apply_patch(ws, "diff --git a/run.sh b/bin/go.sh\nsimilarity index 90%\nrename from run.sh\nrename to bin/go.sh\n"
+                    "--- a/run.sh\n+++ b/bin/go.sh\n@@ -1 +1 @@\n-echo hi\n+echo bye\n")
+    assert not (ws / "run.sh").exists() and (ws / "bin/go.sh").read_text() == "echo bye\n"
+    assert os.stat(ws / "bin/go.sh").st_mode & 0o777 == 0o755
+    changes = plan_patch(ws, "diff --git a/bin/go.sh b/copy.sh\ncopy from bin/go.sh\ncopy to copy.sh\n")
+    assert [(c.path, c.before is None, c.after is None) for c in changes] == [("copy.sh", True, False)]
+
+
+# ------------------------------------------------------------------------------------------ round trip
+def test_make_patch_and_the_parser_round_trip_odd_text(tmp_path):
+    """make_patch splits lines where the parser does (at "\\n" only), so form feeds, \\u2028, lone CRs and
+    missing final newlines round-trip."""
+    rng = random.Random(7)
+    alphabet = ["a", "b", " ", "\t", "\x0c", "\u2028", "\r", "é", "+++ b/../x", "--- a/../x", "@@ -1 +1 @@", "\\"]
+    for case in range(60):
+        def text():
+            lines = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(0, 8))]
+            return "\n".join(lines) + rng.choice(["", "\n"])
+        before = {f"f{i}.txt": text() for i in range(3)}
+        after = {k: text() if rng.random() < 0.7 else v for k, v in before.items()}
+        if rng.random() < 0.3:
+            after.pop("f0.txt")
+        if rng.random() < 0.3:
+            after["new/g.txt"] = text()
+        patch = make_patch(before, after)
+        if not patch:
+            continue
+        ws = tmp_path / f"ws{case}"
+        ws.mkdir()
+        for rel, content in before.items():
+            (ws / rel).write_bytes(content.encode())
+        apply_patch(ws, patch)
+        got = {p.relative_to(ws).as_posix(): p.read_bytes().decode() for p in ws.rglob("*") if p.is_file()}
+        expected = {}
+        for rel in before.keys() | after.keys():  # difflib writes nothing between two empty texts
+            old, new = before.get(rel), after.get(rel)
+            result = old if not (old or new) else new
+            if result is not None:
+                expected[rel] = result
+        assert got == expected, (case, patch)
+
+
+# ------------------------------------------------------------------------------------------ seeded fuzz
+def _bad_paths(host: Path) -> list[str]:
+    tmp_name = (host / "tmp-name").read_text()
+    up = "../" * 12
+    return [f"{up}{host.relative_to('/')}/SENTINEL.txt", f"../../{tmp_name}", f"../../../../{tmp_name}",
+            str(host / "SENTINEL.txt"), "out/SENTINEL.txt", "calc/../../host/SENTINEL.txt", "out/../out/SENTINEL.txt",
+            f"./{up}etc/passwd", "out", f"{up}{host.relative_to('/')}"]
+
+
+def _quote(rng: random.Random, path: str) -> str:
+    return '"' + "".join(f"\\{ord(c):03o}" if c == "/" and rng.random() < 0.5 else c for c in path) + '"'
+
+
+def _hostile_patch(rng: random.Random, host: Path) -> str:
+    bad = rng.choice(_bad_paths(host))
+    name = rng.choice([f"a/{bad}", f"b/{bad}", bad, _quote(rng, f"a/{bad}")])
+    good = make_patch(REPO, {**REPO, "calc/ops.py": OPS.replace("a - b", "a + b")}).splitlines(keepends=True)
+    evil_lines = [f"+++ {name}\n", f"--- {name}\n", f"diff --git {name} {name}\n", f"rename to {bad}\n",
+                  f"+++ b/{bad}\n", "@@ -0,0 +1 @@\n", "\\ No newline at end of file\n", "new file mode 120000\n",
+                  f"+{bad}\n", f"-{bad}\n", f" {bad}\n"]
+    kind = rng.randrange(7)
+    if kind == 0:  # header-looking lines inside a hunk, its counts kept right or not
+        lines = list(good)
+        at = rng.randrange(3, len(lines) + 1)
+        extra = [rng.choice(evil_lines) for _ in range(rng.randint(1, 3))]
+        lines[at:at] = extra
+        if rng.random() < 0.6:
+            adds = sum(line.startswith("+") for line in extra)
+            rems = sum(line.startswith(("-", " ")) for line in extra)
+            ctx = sum(line.startswith(" ") for line in extra)
+            lines[2] = f"@@ -1,{2 + rems} +1,{2 + adds + ctx} @@\n"
+        return "".join(lines)
+    if kind == 1:  # a bad name in a header
+        return f"--- {name}\n+++ {name}\n@@ -0,0 +1 @@\n+evil\n"
+    if kind == 2:  # a deletion or modification of a host file
+        return f"--- {name}\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n"
+    if kind == 3:  # git rename / copy of a host file into the repo
+        verb = rng.choice(["rename", "copy"])
+        return f"diff --git a/{bad} b/stolen.txt\n{verb} from {bad}\n{verb} to stolen.txt\n"
+    if kind == 4:  # a symlink out, then something through it
+        target = rng.choice([str(host), "../" * rng.randint(1, 6) + "host", "out", "calc/../.."])
+        patch = (f"diff --git a/lnk b/lnk\nnew file mode 120000\n--- /dev/null\n+++ b/lnk\n@@ -0,0 +1 @@\n"
+                 f"+{target}\n\\ No newline at end of file\n")
+        return patch + rng.choice(["", "--- /dev/null\n+++ b/lnk/SENTINEL.txt\n@@ -0,0 +1 @@\n+x\n",
+                                   "--- a/lnk/SENTINEL.txt\n+++ b/lnk/SENTINEL.txt\n@@ -1 +1 @@\n-x\n+y\n"])
+    if kind == 5:  # a good patch, randomly mutated line by line
+        lines = list(good)
+        for _ in range(rng.randint(1, 4)):
+            op = rng.randrange(3)
+            i = rng.randrange(len(lines))
+            if op == 0:
+                lines[i] = rng.choice(evil_lines)
+            elif op == 1:
+                lines.insert(i, rng.choice(evil_lines))
+            else:
+                del lines[i]
+        return "".join(lines)
+    pieces = [rng.choice(evil_lines + good) for _ in range(rng.randint(1, 12))]  # random soup
+    return "".join(pieces)
+
+
+def test_seeded_fuzz_of_hostile_patches_never_leaks_a_host_file(tmp_path, host):
+    """Hostile patches (seeded, reproducible) against gold edits, the gold policy and application: each
+    is refused with a one-line error or does something inside its root; never does a gold edit, an
+    applied tree or an error carry the sentinel, and the host files are never changed."""
+    rng = random.Random(31)
+    before = host_state(host)
+    outcomes = {"refused at load": 0, "refused later": 0, "gold edits": 0, "applied": 0, "not applied": 0}
+    for case in range(400):
+        patch = _hostile_patch(rng, host)
+        assert SENTINEL not in patch
+        root = write_task(tmp_path / "set" / f"c{case}", id=f"c{case}", instruction="Fix add.",
+                          test_command="true", repo=REPO, gold_patch=patch)
+        try:
+            task = load_task(root)
+        except TaskError as e:
+            assert SENTINEL not in str(e) and "\n" not in str(e), (case, patch)
+            outcomes["refused at load"] += 1
+            task = None
+        if task is not None:
+            os.symlink(host, task.repo_dir / "out")  # planted after loading: read at access time, refused
+            try:
+                calls = patch_edits(task)
+                GoldPolicy().reset(task)
+                outcomes["gold edits"] += 1
+                assert SENTINEL not in json.dumps(calls), (case, patch)
+                assert all(".." not in c["path"].split("/") and not c["path"].startswith("/") for c in calls)
+            except TaskError as e:
+                assert SENTINEL not in str(e), (case, patch)
+                outcomes["refused later"] += 1
+        ws = tmp_path / "ws" / f"c{case}"
+        shutil.copytree(root / "repo", ws, symlinks=True)
+        if not (ws / "out").is_symlink():
+            os.symlink(host, ws / "out")
+        try:
+            apply_patch(ws, patch)
+            outcomes["applied"] += 1
+        except PatchError as e:
+            assert SENTINEL not in str(e) and "\n" not in str(e), (case, patch)
+            outcomes["not applied"] += 1
+        assert SENTINEL not in tree_text(ws), (case, patch)
+        for p in ws.rglob("*"):
+            if p.is_symlink() and p != ws / "out":
+                assert Path(os.path.realpath(p)).is_relative_to(ws.resolve()), (case, patch)
+        assert host_state(host) == before, (case, patch)
+    # the fuzz reached every outcome, so its assertions were not vacuous
+    print(outcomes)
+    assert all(n > 0 for n in outcomes.values()), outcomes
