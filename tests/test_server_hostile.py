@@ -298,6 +298,14 @@ def test_another_local_user_gets_only_what_it_could_read_itself(served):
         assert r.status_code == 403 and "key.txt" in r.json()["error"]
         r = client.post("/sessions", json={"repo": "/root", "instruction": "x"})
         assert r.status_code == 403
+        # a world-readable directory whose entries link to what only root may read
+        (public / "task").mkdir()
+        (public / "task" / "repo").symlink_to(secret)
+        (public / "task" / "task.json").write_text("{}")
+        (public / "task" / "task.json").chmod(0o644)
+        r = client.post("/sessions", json={"task_dir": str(public / "task")})
+        assert r.status_code == 403 and "key.txt" in r.json()["error"], r.text
+        shutil.rmtree(public / "task")
         r = client.post("/sessions", json={"repo": str(public), "instruction": "edit a.py"})
         assert r.status_code == 201, r.text
         mine = r.json()["id"]

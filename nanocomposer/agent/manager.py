@@ -107,24 +107,33 @@ def _allowed(st: os.stat_result, uid: int, gids: list[int], want: int) -> bool:
 
 def peer_can_read(path: str | Path, uid: int, gids: list[int]) -> str | None:
     """None when local user `uid` (groups `gids`) could read all of `path` itself: every directory above it
-    searchable, and every entry under it readable (directories also searchable; symlinks are copied as links,
-    never followed). Otherwise the reason, naming the first entry it could not read."""
+    searchable, and every entry under it readable (directories also searchable). A symlink's target is checked
+    the same way (staging copies links as links, but a task's repo/ may be one; and a check that followed
+    nothing would trust whatever a link reaches). Otherwise the reason, naming the first entry it could not
+    read."""
     if uid == 0:
         return None
     try:
         real = Path(os.path.realpath(path))
-        for parent in reversed(real.parents):
-            if not _allowed(os.stat(parent), uid, gids, 1):
-                return f"uid {uid} cannot search {str(parent)!r}"
-        seen = 0
+        seen, visited = 0, set()
         stack = [real]
         while stack:
             current = stack.pop()
+            if current in visited:
+                continue
+            visited.add(current)
+            if current == real or current.parent not in visited:  # a new root: its ancestors too
+                for parent in reversed(current.parents):
+                    if not _allowed(os.stat(parent), uid, gids, 1):
+                        return f"uid {uid} cannot search {str(parent)!r}"
             st = os.lstat(current)
             seen += 1
             if seen > MAX_READ_CHECK_ENTRIES:
                 return f"{str(real)!r} has more than {MAX_READ_CHECK_ENTRIES} entries"
             if stat.S_ISLNK(st.st_mode):
+                target = Path(os.path.realpath(current))
+                if target.exists():
+                    stack.append(target)
                 continue
             if stat.S_ISDIR(st.st_mode):
                 if not _allowed(st, uid, gids, 5):
