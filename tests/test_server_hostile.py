@@ -8,6 +8,7 @@ processes (uvicorn over loopback TCP and a unix socket, httpx and a uid-65534 cl
 corrupt database refused in one line.
 """
 
+import asyncio
 import json
 import math
 import os
@@ -498,31 +499,36 @@ def test_host_origin_and_body_limits_over_real_http(tcp_server):
 
 
 def test_long_polls_hold_no_thread_and_end_at_their_deadline(tcp_server):
+    """60 idle long-polls (more than the server's thread pool has threads) and /health still answers at once;
+    every wait ends at its deadline (before: ~40 of them stalled /health 9-13 s, some ran to twice wait_s)."""
     url, token, waiting = tcp_server["url"], tcp_server["token"], tcp_server["waiting"]
-    headers = {"Authorization": f"Bearer {token}"}
     n, wait_s = 60, 3.0
-    durations: list[float] = []
-    health: list[float] = []
 
-    def poll(_):
-        with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
-            t0 = time.monotonic()
-            r = c.get(f"/sessions/{waiting}/result", params={"wait_s": wait_s})
-            durations.append(time.monotonic() - t0)
-            return r.status_code
-
-    with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(poll, i) for i in range(n)]
-        time.sleep(1.0)  # every long-poll is in
-        with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
-            for _ in range(5):
+    async def main():
+        limits = httpx.Limits(max_connections=n + 5)
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                                     limits=limits) as client:
+            async def poll():
                 t0 = time.monotonic()
-                assert c.get("/health").status_code == 200
-                health.append(time.monotonic() - t0)
-        codes = [f.result() for f in futures]
-    assert codes == [202] * n
-    assert max(health) < 1.0, health  # 60 waiting clients do not stall the server
-    assert min(durations) >= wait_s - 0.05 and max(durations) < wait_s + 2.0, (min(durations), max(durations))
+                r = await client.get(f"/sessions/{waiting}/result", params={"wait_s": wait_s})
+                return r.status_code, time.monotonic() - t0
+
+            async def health():
+                await asyncio.sleep(1.0)  # every long-poll is in
+                times = []
+                for _ in range(5):
+                    t0 = time.monotonic()
+                    assert (await client.get("/health")).status_code == 200
+                    times.append(time.monotonic() - t0)
+                return times
+
+            return await asyncio.gather(health(), *[poll() for _ in range(n)])
+
+    health, *polls = asyncio.run(main())
+    assert [code for code, _ in polls] == [202] * n
+    durations = [d for _, d in polls]
+    assert max(health) < 1.0, health  # the waiting clients do not stall the server
+    assert min(durations) >= wait_s - 0.05 and max(durations) < 1.5 * wait_s, (min(durations), max(durations))
 
 
 def test_a_unix_socket_server_uses_the_peers_uid(tmp_path):
