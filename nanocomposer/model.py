@@ -98,7 +98,9 @@ BARE_WORDS_SPLIT_PATTERN = (
 
 DEFAULT_SIZES = {"vocab_size": 8192, "hidden": 256, "layers": 4, "heads": 4, "context": 4096, "seed": 0,
                  "smeared_keys": 1, "bare_words": 0}
-# `python -m nanocomposer.model build --preset NAME`: whole size sets (see the module docstring).
+# `python -m nanocomposer.model build --preset NAME`: the pretrained default, converted from its PyPI package
+# (nanocomposer/base_model.py), or a from-scratch size set (see the module docstring).
+PRETRAINED_PRESET = "smollm2"
 PRESETS = {
     "tiny": DEFAULT_SIZES,  # 5.3 M parameters: the CPU pipeline (runs/tiny.sh)
     # 91.2 M: runs/gpu_scratch.sh. Plain Llama keys: vLLM (the GPU generation backend) has no smeared-key model.
@@ -538,12 +540,15 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--out", required=True, type=Path, help="output directory (e.g. artifacts/base)")
     build.add_argument(
         "--corpus",
-        required=True,
         type=Path,
-        help="saved DatasetDict with a text column, or a directory of .py",
+        help="from-scratch presets: saved DatasetDict with a text column, or a directory of .py",
     )
-    build.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                       help="size set (default tiny); the size flags below override single values of it")
+    build.add_argument("--preset", choices=[PRETRAINED_PRESET, *sorted(PRESETS)], default=None,
+                       help=f"{PRETRAINED_PRESET} (the default without --corpus): convert the packaged "
+                            "SmolLM2-135M-Instruct (nanocomposer/base_model.py); tiny (the default with --corpus), "
+                            "gpu_scratch: a tokenizer trained on --corpus and a randomly initialised Llama, sized "
+                            "by the flags below")
+    build.add_argument("--force", action="store_true", help=f"{PRETRAINED_PRESET}: convert again even if done")
     for name, tiny_value in DEFAULT_SIZES.items():
         build.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
                            help=f"default: the preset's (tiny: {tiny_value})")
@@ -575,6 +580,21 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "build":
         given = {name: getattr(args, name) for name in DEFAULT_SIZES if getattr(args, name) is not None}
+        args.preset = args.preset or ("tiny" if args.corpus else PRETRAINED_PRESET)
+        if args.preset == PRETRAINED_PRESET:
+            from nanocomposer.base_model import BaseModelError, convert
+
+            if given or args.corpus:
+                parser.error(f"build --preset {PRETRAINED_PRESET}: size flags and --corpus are for from-scratch presets")
+            try:
+                out = convert(args.out, force=args.force)
+            except BaseModelError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+            print(f"base model: {out} ({json.loads((out / 'base_model.json').read_text())['parameters']:,} parameters)")
+            return 0
+        if args.corpus is None:
+            parser.error(f"build --preset {args.preset}: --corpus is required (the tokenizer is trained on it)")
         out = build_base(args.out, args.corpus, **{**PRESETS[args.preset], **given})
         print((out / "README.md").read_text(encoding="utf-8"))
         return 0
