@@ -704,3 +704,22 @@ def test_the_store_never_fails_a_write_on_invalid_unicode_or_non_finite_numbers(
     assert turn["calls"][0]["arguments"] == {"a": None} and turn["calls"][0]["result"] == "result \ufffd"
     json.dumps(store.export_record(sid), allow_nan=False)
     store.close()
+
+
+def test_faults_are_answered_with_a_reason_not_500(tmp_path):
+    """An unreadable registry pointer and a database that went away: 409 / 503 naming the problem."""
+    registry = Registry(tmp_path / "registry")
+    registry.add("noop", "noop")
+    registry.promote("noop")
+    store = SessionStore(tmp_path / "s.db")
+    manager = SessionManager(store, registry, ServerConfig(workers=0))
+    client = TestClient(create_app(manager, TOKEN, ADMIN), headers={"Authorization": f"Bearer {ADMIN}"})
+    registry.current_file.unlink()
+    registry.current_file.mkdir()  # `current` unreadable
+    health = client.get("/health").json()
+    assert health["ok"] is False and "current" in health["problem"]
+    r = client.get("/admin/versions")
+    assert r.status_code == 409 and "current" in r.json()["error"]
+    store.close()  # the database is gone from under the API
+    r = client.post("/sessions", json={"task_dir": str(TASK)})
+    assert r.status_code == 503 and "database" in r.json()["error"]

@@ -42,6 +42,7 @@ import ipaddress
 import json
 import math
 import os
+import sqlite3
 import time
 from typing import Annotated
 
@@ -63,7 +64,7 @@ from nanocomposer.agent.manager import (
     TooLarge,
 )
 from nanocomposer.agent.registry import RegistryError
-from nanocomposer.agent.store import FEEDBACK_KINDS, TERMINAL, finite
+from nanocomposer.agent.store import FEEDBACK_KINDS, TERMINAL, StoreError, finite
 
 MAX_WAIT_S = 60.0
 MAX_BODY_BYTES = 1024 * 1024  # a request body; more is 413
@@ -371,6 +372,16 @@ def create_app(manager: SessionManager, token: str | None = None, admin_token: s
     async def bad_request(request: Request, exc: BadRequest):
         status = 413 if isinstance(exc, TooLarge) else 403 if isinstance(exc, Forbidden) else 400
         return _error(status, str(exc))
+
+    @app.exception_handler(sqlite3.Error)
+    @app.exception_handler(StoreError)
+    async def store_unavailable(request: Request, exc: Exception):  # a full disk, a closed or locked database
+        return _error(503, f"the session database is unavailable ({' '.join(str(exc).split())[:300]}); retry later",
+                      headers={"Retry-After": "5"})
+
+    @app.exception_handler(RegistryError)
+    async def registry_unusable(request: Request, exc: RegistryError):
+        return _error(409, str(exc)[:1000])
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):  # logged by uvicorn; the client gets a reason

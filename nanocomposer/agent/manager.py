@@ -222,8 +222,13 @@ class SessionManager:
     def health(self) -> dict:
         with self._cond:
             queued, running, waiting = len(self._queue), len(self._running), len(self._answers)
-        return {"ok": True, "workers": sum(t.is_alive() for t in self._threads), "queued": queued,
-                "running": running, "waiting_for_user": waiting, "model_version": self.registry.current()}
+        try:
+            version, problem = self.registry.current(), None
+        except ValueError as e:  # RegistryError: an unreadable `current`; sessions fail until it is fixed
+            version, problem = None, str(e)
+        return {"ok": problem is None, "workers": sum(t.is_alive() for t in self._threads), "queued": queued,
+                "running": running, "waiting_for_user": waiting, "model_version": version,
+                **({"problem": problem} if problem else {})}
 
     # ------------------------------------------------------------- requests
     def submit(self, *, instruction: str | None = None, repo: str | None = None, task_dir: str | None = None,

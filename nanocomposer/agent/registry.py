@@ -43,6 +43,8 @@ class Registry:
             name = self.current_file.read_text().strip()
         except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as e:
+            raise RegistryError(f"registry {str(self.root)!r}: cannot read {str(self.current_file)!r} ({e})") from None
         return name or None
 
     def spec(self, version: str) -> str:
