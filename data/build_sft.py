@@ -8,9 +8,17 @@ truncation), exported from its record (`Trajectory.to_record`) as a chat row:
 
     {"messages": [...], "tools": "<JSON list of tool schemas>", "task_id", "family", "tier", "variant"}
 
-assistant messages carry `content` (prose) and `tool_calls` with canonical JSON-string
-arguments, the calls the loop parsed (its turn records); the chat template renders them back to the
-exact raw text the harness parsed (checked here for every turn). Only solved, submitted episodes whose every
+assistant messages carry only `content`: the exact text of the turn in the harness's tool-call syntax
+(env/protocol.py), checked to be the canonical text of the calls the loop parsed (its turn records). No
+structured `tool_calls`: every chat template renders an assistant's plain content verbatim, while each
+template serializes `tool_calls` its own way (Qwen2.5's renders `arguments | tojson`, which double-encodes
+the JSON-string arguments a `datasets` row must hold, and dict arguments get `null` keys when `datasets`
+unifies the structs across tools), so the text trained on would no longer parse in the harness.
+Before anything is written, every row is rendered with the project's chat template and with each
+`--verify-template` tokenizer (for a Hub model: its template and the training template TRL swaps in for
+assistant-only loss), and every assistant turn of the rendering must be the harness text and parse with no
+malformed call (`check_rows_render`); the build refuses otherwise. Episodes are played under `--budget`
+(a preset's budget.yaml: the tool-result truncation RL and eval use). Only solved, submitted episodes whose every
 unmarked call is grounded in its context (data/grounding.py) are kept. A separate
 `bad_examples.json` holds deliberately malformed turns for tests; it never enters the SFT data.
 """
@@ -26,6 +34,7 @@ from collections import Counter
 from pathlib import Path
 
 from data.grounding import trajectory_report
+from env.budget import Budget, BudgetError, load_budget_file
 from env.episode import EpisodeConfig
 from env.metrics import summarize
 from env.policies import OraclePolicy
@@ -39,11 +48,11 @@ class ExportError(ValueError):
 
 
 def sft_messages(record: dict) -> list[dict]:
-    """Harness messages -> chat-template messages (structured tool calls, JSON-string arguments).
+    """Harness messages -> chat-template messages (assistant turns as their harness text, module docstring).
 
     `record` is the episode record (`Trajectory.to_record`): its turn records hold the calls the loop parsed
     from each assistant message, so nothing is parsed again. A turn is exported only if its message is the
-    canonical text of those calls (with its prose before them), i.e. what the chat template renders back.
+    canonical text of those calls (with its prose before them).
     """
     task_id = record["id"]
     turns = iter(record["turns"])
@@ -63,10 +72,81 @@ def sft_messages(record: dict) -> list[dict]:
         content = text[: len(text) - len(body)].strip() if body and text.endswith(body) else text.strip()
         if format_assistant_turn(content, calls) != text:
             raise ExportError(f"{task_id}: assistant turn is not in canonical form: {text[:80]!r}")
-        out.append({"role": "assistant", "content": content, "tool_calls": [
-            {"type": "function", "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
-            for name, arguments in calls]})
+        out.append({"role": "assistant", "content": text})
     return out
+
+
+class RenderError(ValueError):
+    """SFT rows whose assistant turns, as a chat template renders them, do not parse in the harness."""
+
+
+def _renderer(spec: str):
+    """(label, render) for a template spec: "project" (nanocomposer/chat_template.jinja) or a tokenizer
+    directory / hub id, whose own template and, when it has no {% generation %} markers, the training
+    template TRL's SFTTrainer swaps in for assistant-only loss, are both checked."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    if spec == "project":
+        from nanocomposer.model import load_chat_template
+
+        templates = [("project", load_chat_template())]
+    else:
+        from transformers import AutoTokenizer
+        from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+        tok = AutoTokenizer.from_pretrained(spec)
+        if not tok.chat_template:
+            raise RenderError(f"--verify-template {spec}: the tokenizer has no chat template")
+        templates = [(spec, tok.chat_template)]
+        if not has_generation_markers(tok.chat_template):
+            try:
+                templates.append((f"{spec} (TRL training template)", get_training_chat_template(tok)))
+            except (ValueError, NotImplementedError) as e:  # TRL cannot patch it: SFTTrainer would refuse too
+                raise RenderError(f"--verify-template {spec}: no training template for assistant-only loss: {e}")
+    return [(label, lambda msgs, tools, gen, t=t: render_jinja_template(
+        [msgs], tools=tools, chat_template=t, add_generation_prompt=gen)[0][0]) for label, t in templates]
+
+
+def assistant_renderings(messages: list[dict], tools: list[dict], render) -> list[str]:
+    """The text `render` (messages, tools, add_generation_prompt) -> str gives each assistant turn: the
+    rendering through that turn minus the rendering of the turns before it with the assistant header."""
+    out = []
+    for i, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        before = render(messages[:i], tools, True)
+        through = render(messages[: i + 1], tools, False)
+        if not through.startswith(before):
+            raise RenderError(f"the template is not prefix-preserving at message {i}")
+        out.append(through[len(before):])
+    return out
+
+
+def check_rows_render(rows: list[dict], specs: list[str]) -> dict:
+    """Refuse (RenderError) rows whose assistant turns, rendered by any template of `specs`, are not the harness
+    text followed by the template's end of turn, or hold a call the harness would reject; else
+    {label: assistant turns checked}."""
+    from env.protocol import parse_turn
+
+    checked = {}
+    for spec in specs:
+        for label, render in _renderer(spec):
+            n = 0
+            for row in rows:
+                tools = json.loads(row["tools"]) if row["tools"] else None
+                schemas = {t["function"]["name"]: t["function"] for t in tools or []}
+                wanted = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+                for text, rendered in zip(wanted, assistant_renderings(row["messages"], tools, render), strict=True):
+                    body, sep, _ = rendered.partition("<|im_end|>")
+                    turn = parse_turn(body, schemas)
+                    if not sep or body != text or turn.malformed_calls:
+                        why = (turn.malformed_calls[0].error if turn.malformed_calls else
+                               "the rendered turn is not the harness text" if body != text else "no <|im_end|>")
+                        raise RenderError(f"{row['task_id']}: template {label}: an assistant turn would train "
+                                          f"text the harness rejects ({why}): {body[:120]!r}")
+                    n += 1
+            checked[label] = n
+    return checked
 
 
 def sft_row(record: dict, meta: dict) -> dict:
@@ -100,12 +180,13 @@ def distribution(records: list[dict]) -> dict:
                                         for r in records)}
 
 
-def oracle_rows(tasks: list[Task], variants: int, seed: int, concurrency: int, desc: str) -> tuple[list, list, Counter]:
+def oracle_rows(tasks: list[Task], variants: int, seed: int, concurrency: int, desc: str,
+                config: EpisodeConfig | None = None) -> tuple[list, list, Counter]:
     """(SFT rows, the kept records, why the others were dropped): `variants` oracle episodes per task (seeds
-    seed..seed+variants-1), `concurrency` at once through env.runner.run_tasks."""
+    seed..seed+variants-1), `concurrency` at once through env.runner.run_tasks, under `config`."""
     meta = {t.id: t.meta for t in tasks}
-    records = run_tasks(tasks, OraclePolicy, EpisodeConfig(), samples=variants, seed=seed, concurrency=concurrency,
-                        desc=desc)
+    records = run_tasks(tasks, OraclePolicy, config or EpisodeConfig(), samples=variants, seed=seed,
+                        concurrency=concurrency, desc=desc)
     rows, kept, dropped = [], [], Counter()
     for record in records:
         if not (record["solved"] and record["exit_status"] == "submitted"):
@@ -129,8 +210,11 @@ def oracle_rows(tasks: list[Task], variants: int, seed: int, concurrency: int, d
 
 
 def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, limit: int | None,
-          tokenizer_path: str | None = None, overwrite: bool = False, val_tasks: int | None = None) -> dict:
-    """Build the SFT dataset; `workers`: oracle episodes played at once (run_tasks concurrency)."""
+          tokenizer_path: str | None = None, overwrite: bool = False, val_tasks: int | None = None,
+          budget: Budget | None = None, verify_templates: list[str] | None = None) -> dict:
+    """Build the SFT dataset; `workers`: oracle episodes played at once (run_tasks concurrency); `budget`: the
+    episodes' budgets (a preset's budget.yaml); every row checked with `verify_templates` besides the
+    project's template (check_rows_render) before anything is written."""
     import datasets
 
     from data.common import environment_info, prepare_output_dir, sha256_file, spread_subset, write_manifest
@@ -148,12 +232,15 @@ def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, li
         tasks = spread_subset(load_task_set(path), limit) if limit else load_task_set(path)  # every family
         if split == "validation" and val_tasks:  # a loss curve needs few; the held-out split may be large
             tasks = spread_subset(tasks, val_tasks)
-        rows, kept, dropped = oracle_rows(tasks, variants, seed, workers, f"oracle {split}")
+        config = EpisodeConfig.from_budget(budget) if budget else EpisodeConfig()
+        rows, kept, dropped = oracle_rows(tasks, variants, seed, workers, f"oracle {split}", config)
         if not rows:
             raise TaskError(f"no solved oracle episodes in {path}: nothing to train on")
+        rendered = check_rows_render(rows, ["project", *(verify_templates or [])])
         result[split] = datasets.Dataset.from_list(rows)
         stats[split] = {"tasks": len(tasks), "episodes": len(tasks) * variants, "kept": len(rows),
-                        "dropped": dict(dropped), "distribution": distribution(kept)}
+                        "dropped": dict(dropped), "distribution": distribution(kept),
+                        "assistant_turns_parsed": rendered}
         if tokenizer_path:
             stats[split]["tokens"] = _token_stats(rows, tokenizer_path)
     dataset = datasets.DatasetDict(result)
@@ -161,7 +248,7 @@ def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, li
     dataset.save_to_disk(str(out / "dataset"))
     (out / "bad_examples.json").write_text(json.dumps(bad_examples(random.Random(seed)), indent=1))
     manifest = {"builder": "data.build_sft", "tasks": str(tasks_dir), "variants": variants, "seed": seed,
-                "val_tasks": val_tasks,
+                "val_tasks": val_tasks, "budget": (budget or Budget()).episode(),
                 "splits": stats, "sha256": {split: sha256_file(f) for split in result
                                             for f in sorted((out / "dataset" / split).glob("*.arrow"))[:1]},
                 "environment": environment_info("datasets", "transformers"),
@@ -196,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="at most N validation tasks, evenly spaced over the val split (loss curve only)")
     p.add_argument("--tokenizer", default=None, help="count tokens with this tokenizer's chat template")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier output at --out")
+    p.add_argument("--budget", default=None,
+                   help="a preset's budget file (recipes/<preset>/budget.yaml): the episodes' budgets")
+    p.add_argument("--verify-template", action="append", default=[], metavar="TOKENIZER",
+                   help="also check every row rendered by this tokenizer's chat template (and TRL's training "
+                        "variant of it) parses in the harness; repeatable")
     args = p.parse_args(argv)
     if not Path(args.tasks).is_dir():
         p.error(f"--tasks {args.tasks!r} is not a directory")
@@ -204,8 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.val_tasks is not None and args.val_tasks < 1:
         p.error(f"--val-tasks must be >= 1 (or left out for the whole val split), got {args.val_tasks}")
     try:
+        budget = Budget(**load_budget_file(args.budget)) if args.budget else None
+    except BudgetError as e:
+        p.error(str(e))
+    try:
         manifest = build(Path(args.tasks), Path(args.out), args.variants, args.seed, args.concurrency, args.limit,
-                         args.tokenizer, args.overwrite, args.val_tasks)
+                         args.tokenizer, args.overwrite, args.val_tasks, budget, args.verify_template)
     except (TaskError, ValueError) as e:
         print(f"build_sft: error: {e}", file=sys.stderr)
         return 2
@@ -213,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         d = s["distribution"]
         print(f"{split}: kept {s['kept']}/{s['episodes']} episodes | mean turns {d['mean_turns']:.2f} | "
               f"parallel-call rate {d['parallel_call_rate']:.1%} | tool mix {d['tool_mix']}")
+        print(f"{split}: assistant turns that parse in the harness as each template renders them: "
+              + ", ".join(f"{label} {n}/{n}" for label, n in s["assistant_turns_parsed"].items()))
     return 0
 
 

@@ -15,11 +15,19 @@ Sampling: max_new_tokens (per turn), temperature (0 = greedy), top_p, seed (firs
 of a task uses seed + s), max_context (None: the model's position limit).
 
 Bad values fail in `__post_init__` with one line naming the key, before any work is done.
+
+A preset's budgets live in one file, `recipes/<preset>/budget.yaml` (a mapping of the keys above), that
+every stage of the preset reads: the SFT data builder (`data.build_sft --budget`), the SFT check, RL and
+eval (`nanocomposer.config.RecipeParser` loads the budget.yaml beside a stage's `--config`, or `--budget
+FILE`). `load_budget_file` reads and checks it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
 
 EPISODE_KEYS = ("max_turns", "max_tokens", "max_wall_s", "max_malformed_turns", "max_output_chars",
                 "command_timeout_s")
@@ -105,3 +113,34 @@ class Budget:
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+BUDGET_FILE = "budget.yaml"  # the name of a preset's budget file, beside its stage recipes
+# What a budget file sets: what an episode may spend. Not temperature/top_p/seed: RL samples, eval is greedy.
+BUDGET_FILE_KEYS = (*EPISODE_KEYS, "max_new_tokens", "max_context")
+
+
+def load_budget_file(path: str | Path) -> dict:
+    """The budget settings of a preset's budget file (module docstring), checked: a YAML mapping of Budget's
+    keys whose values Budget accepts; BudgetError naming the file and the key otherwise."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise BudgetError(f"budget file {path}: cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        raise BudgetError(f"budget file {path}: not valid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise BudgetError(f"budget file {path}: must be a mapping of budget keys to values")
+    unknown = [k for k in data if k not in BUDGET_FILE_KEYS]
+    if unknown:
+        why = (" (sampling settings belong to each stage's recipe: RL samples, eval is greedy)"
+               if unknown[0] in SAMPLING_KEYS else "")
+        raise BudgetError(f"budget file {path}: unknown key {unknown[0]!r}{why} (known: {', '.join(BUDGET_FILE_KEYS)})")
+    try:
+        Budget(**data)
+    except BudgetError as e:
+        raise BudgetError(f"budget file {path}: {e}") from None
+    return dict(data)

@@ -13,6 +13,12 @@ argparse does for a bad flag), instead of the usage of ~300 flags or a traceback
   command line, and `choices` are enforced;
 - a value out of range (`VALUE_RULES`: a negative learning rate, a zero batch size, `max_turns: -1`, ...).
 
+Budgets: when `recipes/<preset>/budget.yaml` (env/budget.py) sits beside the `--config` recipe, or
+`--budget FILE` names one, its keys set the stage's budget arguments (`max_turns`, RL's `max_episode_tokens`
+for `max_tokens`, the SFT check's `check_max_turns`, ...): one file per preset read by every stage. A stage
+recipe that sets a key the budget file sets too is refused (one source); flags still override both.
+`--budget none` reads no budget file.
+
 Bad input found later, before any work (a model directory without a tokenizer, a missing dataset), is a
 `ConfigError`; `nanocomposer.common.run_main` reports it the same way.
 """
@@ -36,7 +42,7 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
-from env.budget import Budget
+from env.budget import BUDGET_FILE, Budget, BudgetError, load_budget_file
 
 
 class ConfigError(SystemExit):
@@ -239,6 +245,13 @@ class SFTScriptArguments(StageArguments):
     check_max_turns: int = field(default=Budget.max_turns, metadata={"help": "Turn budget per check episode."})
     check_max_new_tokens: int = field(default=Budget.max_new_tokens,
                                       metadata={"help": "Generated tokens per turn in the check (greedy)."})
+    check_max_context: int | None = field(default=Budget.max_context,
+                                          metadata={"help": "Context window of the check (None: the model's)."})
+    check_max_output_chars: int = field(default=Budget.max_output_chars,
+                                        metadata={"help": "Per tool result in the check (head and tail kept)."})
+    check_max_wall_s: float = field(default=Budget.max_wall_s, metadata={"help": "Wall clock per check episode."})
+    check_command_timeout_s: float = field(default=Budget.command_timeout_s,
+                                           metadata={"help": "Per sandboxed command in the check."})
     check_workers: int = field(default=1, metadata={"help": "Check episodes played at once (threads; generation "
                                                             "batched)."})
     harness_eval_tasks: str | None = field(
@@ -285,17 +298,42 @@ class SFTScriptArguments(StageArguments):
             raise ArgumentError(key, getattr(self, key), "schedules a harness eval, but harness_eval_tasks is not set")
 
     def check_budget(self) -> Budget:
-        """The check's env.budget.Budget: its turn and token budgets (the recipe sets RL's and eval's), greedy,
-        every other setting Budget's default."""
-        return Budget(max_turns=self.check_max_turns, max_new_tokens=self.check_max_new_tokens)
+        """The check's env.budget.Budget: its budgets (the preset's budget.yaml, which RL and eval read too),
+        greedy, every other setting Budget's default."""
+        return Budget(max_turns=self.check_max_turns, max_new_tokens=self.check_max_new_tokens,
+                      max_context=self.check_max_context, max_output_chars=self.check_max_output_chars,
+                      max_wall_s=self.check_max_wall_s, command_timeout_s=self.check_command_timeout_s)
+
+
+# The stage arguments a budget-file key sets, by name: the key itself (eval, RL), the SFT check's copy of it,
+# and RL's name for the per-episode token cap.
+BUDGET_ALIASES = {"max_tokens": ("max_tokens", "max_episode_tokens")}
+
+
+def budget_destinations(key: str) -> tuple[str, ...]:
+    return (*BUDGET_ALIASES.get(key, (key,)), f"check_{key}")
+
+
+def pop_budget_flag(args: list[str]) -> tuple[list[str], str | None]:
+    """(args without `--budget FILE` / `--budget=FILE`, FILE or None)."""
+    rest, value = [], None
+    it = iter(args)
+    for arg in it:
+        if arg == "--budget":
+            value = next(it, "")
+        elif arg.startswith("--budget="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return rest, value
 
 
 class RecipeParser(TrlParser):
     """`TrlParser` that checks the recipe's keys and types and every value's range (see the module docstring)."""
 
     def parse_args_and_config(self, args: Iterable[str] | None = None, **kwargs):
-        args = list(args) if args is not None else sys.argv[1:]
-        self.cli_args, self.recipe_path, self.recipe = args, None, {}
+        args, budget_flag = pop_budget_flag(list(args) if args is not None else sys.argv[1:])
+        self.cli_args, self.recipe_path, self.recipe, self.budget_path, self.budget_defaults = args, None, {}, None, {}
         if "--config" in args:
             if args.count("--config") > 1:
                 self.error("--config given more than once (one recipe; override its keys with flags)")
@@ -303,6 +341,9 @@ class RecipeParser(TrlParser):
             if index + 1 >= len(args):
                 self.error("--config needs a YAML file")
             self.check_recipe(args[index + 1])
+        self.load_budget(budget_flag)
+        if self.budget_defaults and self.recipe_path is None:  # no recipe: TrlParser sets no defaults itself
+            self.set_defaults_with_config(**self.budget_defaults)
         try:
             return super().parse_args_and_config(args, **kwargs)
         except ArgumentError as e:  # a stage dataclass's own check (a cross-field one, e.g. max_context)
@@ -330,8 +371,33 @@ class RecipeParser(TrlParser):
             self.error(f"{path}: env must be a mapping of environment variable names to values")
         self.recipe_path, self.recipe = path, recipe
 
+    def load_budget(self, flag: str | None) -> None:
+        """The budget file's values as defaults of this stage's budget arguments (module docstring)."""
+        if flag is not None and flag.strip() in ("", "none"):
+            if flag.strip() == "":
+                self.error("--budget needs a file (or `none` for no budget file)")
+            return
+        path = Path(flag) if flag else None
+        if path is None and self.recipe_path is not None:
+            beside = Path(self.recipe_path).with_name(BUDGET_FILE)
+            path = beside if beside.is_file() else None
+        if path is None:
+            return
+        try:
+            values = load_budget_file(path)
+        except BudgetError as e:
+            self.error(str(e))
+        dests = {action.dest for action in self._actions}
+        mapped = {dest: value for key, value in values.items() for dest in budget_destinations(key) if dest in dests}
+        both = sorted(set(mapped) & set(self.recipe))
+        if both:
+            self.error(f"{self.recipe_path}: {both[0]} is set in the budget file {path} too: set the preset's "
+                       "budgets there only")
+        self.budget_path, self.budget_defaults = str(path), mapped
+
     def set_defaults_with_config(self, **kwargs) -> list[str]:
         # TrlParser's hook for the recipe's values: give them the types the same flags get on the command line.
+        kwargs = {**getattr(self, "budget_defaults", {}), **kwargs}
         return super().set_defaults_with_config(**{key: self.typed(key, value) for key, value in kwargs.items()})
 
     def parse_known_args(self, args=None, namespace=None):
@@ -409,6 +475,8 @@ class RecipeParser(TrlParser):
             return f"--{key}"
         if key in getattr(self, "recipe", {}):
             return f"{self.recipe_path}: {key}"
+        if key in getattr(self, "budget_defaults", {}):
+            return f"{self.budget_path}: {key}"
         return key
 
     def recipe_error(self, key: str, value: Any, problem: str):

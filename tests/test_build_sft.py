@@ -10,24 +10,37 @@ from conftest import make_calc_task
 from data.build_sft import ExportError, bad_examples, build, sft_messages
 from env.episode import run_episode
 from env.policies import OraclePolicy
-from env.protocol import format_assistant_turn, parse_turn
+from env.protocol import parse_turn
 from env.tools import CodeTools, tool_schemas
 
 
 def test_sft_messages_structure_and_round_trip(calc_task):
+    """Assistant turns are their harness text (no structured tool_calls a template would re-serialize)."""
     traj = run_episode(calc_task, OraclePolicy(seed=3))
     msgs = sft_messages(traj.to_record())
     assert [m["role"] for m in msgs[:2]] == ["system", "user"]
     raw = [m["content"] for m in traj.messages if m["role"] == "assistant"]
-    rebuilt = []
+    assert all(set(m) == {"role", "content"} for m in msgs if m["role"] == "assistant")
+    assert [m["content"] for m in msgs if m["role"] == "assistant"] == raw
     for m in msgs:
-        if m["role"] == "assistant":
-            assert all(isinstance(c["function"]["arguments"], str) for c in m["tool_calls"])
-            calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in m["tool_calls"]]
-            rebuilt.append(format_assistant_turn(m["content"], calls))
         if m["role"] == "tool":
             assert m["name"] and isinstance(m["content"], str)
-    assert rebuilt == raw
+
+
+def test_rows_that_render_to_malformed_calls_are_refused(calc_task):
+    """check_rows_render: the project template's rendering of each assistant turn must parse in the harness;
+    a row that would teach a malformed call is refused with the task id and the parser's error."""
+    from data.build_sft import RenderError, check_rows_render, sft_row
+
+    traj = run_episode(calc_task, OraclePolicy(seed=1))
+    row = sft_row({**traj.to_record(), "seed": 1}, {})
+    checked = check_rows_render([row], ["project"])
+    assert checked == {"project": len(traj.turns)}
+    bad = json.loads(json.dumps(row))
+    turn = next(m for m in bad["messages"] if m["role"] == "assistant" and "<tool_call>" in m["content"])
+    turn["content"] = '<tool_call>\n{"name": "read_file", "arguments": "{\\"path\\": \\"a.py\\"}"}\n</tool_call>'
+    with pytest.raises(RenderError, match="must be a JSON object"):
+        check_rows_render([bad], ["project"])
 
 
 def test_non_canonical_turn_is_refused(calc_task):
@@ -75,19 +88,10 @@ def test_sft_rows_render_exactly_what_the_harness_showed_the_model(calc_task):
     assert as_trained == as_seen
 
 
-def test_rows_from_turn_records_equal_parsing_the_text_again(calc_task):
-    """The turn records carry the calls the loop parsed: the rows are byte-identical to re-parsing the text."""
-    schemas = {s["function"]["name"]: s["function"] for s in tool_schemas(CodeTools)}
+def test_rows_from_turn_records_equal_the_harness_messages(calc_task):
+    """The rows are the harness's messages as the model saw them (read back from a results file too)."""
     for seed in range(4):
         traj = run_episode(calc_task, OraclePolicy(seed=seed))
-        reparsed = []
-        for m in traj.messages:
-            if m["role"] != "assistant":
-                reparsed.append({k: m[k] for k in ("role", "content", "name") if k in m})
-                continue
-            turn = parse_turn(m["content"], schemas)
-            reparsed.append({"role": "assistant", "content": turn.content, "tool_calls": [
-                {"type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-                for c in turn.valid_calls]})
+        harness = [{k: m[k] for k in ("role", "content", "name") if k in m} for m in traj.messages]
         record = json.loads(json.dumps(traj.to_record()))  # as read back from a results file
-        assert json.dumps(sft_messages(record)) == json.dumps(reparsed)
+        assert json.dumps(sft_messages(record)) == json.dumps(harness)
