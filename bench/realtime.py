@@ -74,7 +74,7 @@ def play_arm(spec: str, out: Path, args, draw: dict) -> dict:
     try:
         report = run_users(server.url, args.tasks, args.sessions, recipe=args.recipe, seed=args.seed,
                            offset=draw["offset"], task_limit=draw["task_limit"], start=0, report=out / "users.json",
-                           log=out / "users.log")
+                           log=out / "users.log", token=server.token)
         server.wait_idle(args.session_timeout_s + 60)
     finally:
         server.stop()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import signal
@@ -357,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start", type=int, default=0,
                    help="the first conversation's number: a run cut short after N conversations continues with "
                         "--start N (the same users, tasks and sample keys as uncut) (default: 0)")
-    p.add_argument("--token", default=None, help="bearer token, when the server needs one")
+    p.add_argument("--token", default=os.environ.get("NANOCOMPOSER_TOKEN"),
+                   help="bearer token of the server (default $NANOCOMPOSER_TOKEN: an environment variable, unlike "
+                        "an argument, is not shown to other users by ps)")
     p.add_argument("--report", default=None, help="write the run's report (JSON) here")
     args = p.parse_args(argv)
     try:

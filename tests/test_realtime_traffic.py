@@ -33,6 +33,7 @@ class FakeServer:
     """What phase_serve asks of the agent server."""
 
     url = "http://fake"
+    token = "fake-token"
 
     def __init__(self, **options):
         self.options = options

@@ -296,6 +296,6 @@ def test_the_realtime_loop_keeps_the_report_of_users_it_stops_at_its_timeout(tmp
     report_path = tmp_path / "users-0.json"
     report_path.write_text('{"stale": true}')  # an earlier attempt's: not read back as this run's
     report = run_users(f"http://127.0.0.1:{stub_server.server_port}", "samples", 3, recipe=str(recipe), seed=0,
-                       offset=0, task_limit=5, start=0, report=report_path, log=tmp_path / "users.log", timeout_s=8)
+                       offset=0, task_limit=5, start=0, report=report_path, log=tmp_path / "users.log", token="t", timeout_s=8)
     assert report["stopped"] is True and report["after_s"] == 8 and "stale" not in report
     assert report["conversations_started"] == 1 and report["accepted"] == 1 and report["stats"]["cut_at_stop"] == 1

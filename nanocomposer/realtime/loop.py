@@ -201,7 +201,7 @@ class Loop:
                      f"of {draw['task_set']}")
             report = run_users(server.url, draw["task_set"], remaining, recipe=a.users_recipe, seed=draw["seed"],
                                offset=draw["offset"], task_limit=draw["task_limit"], start=done,
-                               report=out / f"users-{done}.json", log=out / "users.log",
+                               report=out / f"users-{done}.json", log=out / "users.log", token=server.token,
                                timeout_s=a.serve_minutes * 60 if a.serve_minutes else None)
             write_json_atomic(out / f"users-{done}.json", {k: v for k, v in report.items() if k != "latencies"})
         if not server.wait_idle(a.session_timeout_s + 60):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from nanocomposer.agent.serve import read_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PR_SET_PDEATHSIG = 1
@@ -61,7 +64,9 @@ class AgentServer:
             self.stop()
             raise ServerError(f"agent.py serve did not start (first line {line.strip()!r}; log {log})")
         self.url = line.split()[3]
-        self.http = httpx.Client(base_url=self.url, timeout=60)
+        # Every client sends the server's token (written 0600 beside the database at start; docs/agent-server.md).
+        self.token = read_token(db)
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
         deadline = time.monotonic() + start_timeout_s
         while True:
             try:
@@ -109,7 +114,7 @@ class AgentServer:
 
 
 def run_users(url: str, tasks: str, sessions: int, *, recipe: str, seed: int, offset: int, task_limit: int,
-              start: int, report: Path, log: Path, timeout_s: float | None = None) -> dict:
+              start: int, report: Path, log: Path, token: str, timeout_s: float | None = None) -> dict:
     """Conversations start .. start + sessions - 1 of simulated users (`python -m env.users`, its own process)
     with population seed `seed`, drawing from tasks [offset, offset + task_limit) of the sorted set
     (env.users.draw_tasks). A run cut short continues with `start` past the conversations it played: the
@@ -125,6 +130,7 @@ def run_users(url: str, tasks: str, sessions: int, *, recipe: str, seed: int, of
     report.unlink(missing_ok=True)  # what is read back below is this run's
     with open(log, "a") as log_file:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log_file, stderr=log_file,
+                                env={**os.environ, "NANOCOMPOSER_TOKEN": token},  # not in argv: ps shows argv
                                 preexec_fn=_die_with_parent)  # noqa: PLW1509 (one prctl call, no locks)
         try:
             rc = proc.wait(timeout=timeout_s)
