@@ -108,8 +108,9 @@ def _open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
     return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
 
 
-def _read_regular(path: Path, what: str) -> bytes:
-    """The bytes of the regular file at `path` (a resolved path; the final component is not followed)."""
+def read_regular(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file at `path` (a resolved path; the final component is not followed), at most
+    `limit` of them; PatchError naming `what` for anything else (a symlink, FIFO, device, a bigger file)."""
     try:
         fd = _open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
@@ -118,15 +119,15 @@ def _read_regular(path: Path, what: str) -> bytes:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise PatchError(f"{what} is not a regular file")
-        if st.st_size > MAX_FILE_BYTES:
-            raise PatchError(f"{what} is {st.st_size} bytes; at most {MAX_FILE_BYTES}")
-        return f.read(MAX_FILE_BYTES + 1)
+        if st.st_size > limit:
+            raise PatchError(f"{what} is {st.st_size} bytes; at most {limit}")
+        return f.read(limit + 1)
 
 
 def read_text_inside(root: str | Path, rel: str) -> str:
     """The text of file `rel` of `root` (UTF-8, universal newlines, as Path.read_text gives it), read through
     `resolve_inside` at this moment: a symlink planted to a host file is refused, never followed out."""
-    data = _read_regular(resolve_inside(root, rel), f"file {_show(rel)}")
+    data = read_regular(resolve_inside(root, rel), f"file {_show(rel)}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -547,7 +548,7 @@ def _read_entry(root_real: Path, rel: str) -> Entry | None:
     if stat.S_ISLNK(st.st_mode):
         return Entry("symlink", os.fsencode(os.readlink(path)))
     if stat.S_ISREG(st.st_mode):
-        return Entry("file", _read_regular(path, _show(rel)), stat.S_IMODE(st.st_mode))
+        return Entry("file", read_regular(path, _show(rel)), stat.S_IMODE(st.st_mode))
     raise PatchError(f"{_show(rel)} is a directory, FIFO, socket or device, not a file a patch can change")
 
 

@@ -250,16 +250,9 @@ def _read_gold_patch(patch: Path, where: str) -> str | None:
     if not stat.S_ISREG(mode):
         raise TaskError(f"{where}: gold.patch must be a regular file (not a symlink, directory or FIFO)")
     try:
-        fd = os.open(patch, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        raise TaskError(f"{where}: gold.patch cannot be read ({type(e).__name__})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise TaskError(f"{where}: gold.patch must be a regular file (not a symlink, directory or FIFO)")
-        if st.st_size > MAX_GOLD_PATCH_BYTES:
-            raise TaskError(f"{where}: gold.patch is {st.st_size} bytes; at most {MAX_GOLD_PATCH_BYTES}")
-        data = f.read(MAX_GOLD_PATCH_BYTES + 1)
+        data = patches.read_regular(patch, "gold.patch", MAX_GOLD_PATCH_BYTES)  # opened without following a link
+    except patches.PatchError as e:
+        raise TaskError(f"{where}: {e}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
