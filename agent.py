@@ -270,12 +270,17 @@ def cmd_serve(args) -> int:
 
 
 def cmd_sessions(args) -> int:
-    from nanocomposer.agent.store import SessionStore
+    import sqlite3
+
+    from nanocomposer.agent.store import SessionStore, StoreError
 
     if not Path(args.db).is_file():
         return fail(f"--db {args.db!r}: no session database there")
-    store = SessionStore(args.db)
-    rows = store.sessions(args.status, args.limit)
+    try:  # a damaged or foreign file is one line naming it, as at the server's start
+        store = SessionStore(args.db, check=True)
+        rows = store.sessions(args.status, args.limit)
+    except (StoreError, sqlite3.DatabaseError) as e:
+        return fail(f"--db {args.db!r}: {' '.join(str(e).split())[:300]}")
     if args.export:
         with open(args.export, "w") as f:
             f.writelines(json.dumps(store.export_record(row["id"]), ensure_ascii=False) + "\n" for row in rows)

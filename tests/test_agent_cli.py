@@ -456,3 +456,12 @@ def test_apply_refuses_to_replace_a_fifo(tmp_path):
     with pytest.raises(ApplyError, match="pipe is a FIFO, socket or device"):
         apply_changes(repo, work, compute_changes(base, work))
     assert stat.S_ISFIFO(os.lstat(repo / "pipe").st_mode)
+
+
+def test_sessions_on_a_damaged_database_is_one_line(tmp_path):
+    db = tmp_path / "sessions.db"
+    db.write_bytes(b"not a database " * 400)
+    proc = subprocess.run([*AGENT, "sessions", "--db", str(db)], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert str(db) in one_line_error(proc)
