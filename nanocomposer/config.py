@@ -254,6 +254,10 @@ class SFTScriptArguments(StageArguments):
                                            metadata={"help": "Per sandboxed command in the check."})
     check_workers: int = field(default=1, metadata={"help": "Check episodes played at once (threads; generation "
                                                             "batched)."})
+    check_must_pass: bool = field(
+        default=True,
+        metadata={"help": "Exit 1 when the trained model makes no valid tool call in the check. false: report it "
+                          "only (dry runs, and timing checks of a weak model)."})
     harness_eval_tasks: str | None = field(
         default=None,
         metadata={"help": "Held-out tasks the live model plays DURING training (nanocomposer/harness_eval.py), "

@@ -618,3 +618,24 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --------------------------------------------------------------------------- tool lists in a checkpoint's template
+
+PROBE_TOOL_NAME = "nanocomposer_probe_tool"
+
+
+def template_renders_tools(tokenizer) -> bool:
+    """Whether the tokenizer's chat template shows the model a `tools=` list: a dummy tool's name must appear
+    in the rendering of a one-message conversation. False for a template that ignores `tools` (the harness
+    would silently send no tool list), or none at all."""
+    if not getattr(tokenizer, "chat_template", None):
+        return False
+    tool = {"type": "function", "function": {"name": PROBE_TOOL_NAME, "description": "probe",
+                                             "parameters": {"type": "object", "properties": {}, "required": []}}}
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[tool], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # noqa: BLE001  (a template that raises on tools, however, cannot show them)
+        return False
+    return PROBE_TOOL_NAME in text

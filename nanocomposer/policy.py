@@ -369,6 +369,35 @@ def _check_tokenizer(tokenizer, where: str) -> None:
 # --------------------------------------------------------------------------- policy
 
 
+END_OF_TURN = "<|im_end|>"  # the chat template's end of turn (ChatML: ours, Qwen's)
+
+
+def stop_token_ids(tokenizer, configured_eos: list[int] = ()) -> list[int]:
+    """What a turn stops on: the tokenizer's EOS, the template's end of turn `<|im_end|>` where the vocabulary
+    has it, and the generation config's EOS ids. A base or CPT checkpoint of a Hub model has `<|endoftext|>`
+    as its only EOS; without `<|im_end|>` its turns would run to the token limit and invent further turns."""
+    end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN) if END_OF_TURN in tokenizer.get_vocab() else None
+    return list(dict.fromkeys(i for i in [tokenizer.eos_token_id, end_of_turn, *configured_eos] if i is not None))
+
+
+def ensure_tool_template(tokenizer, where: str):
+    """`tokenizer`, with the project's chat template (nanocomposer/chat_template.jinja) when its own ignores
+    `tools` (nanocomposer.model.template_renders_tools; one printed line): the harness must show the model
+    its tool list. A tokenizer without ChatML's tokens cannot use that template: ModelLoadError, one line."""
+    from nanocomposer.model import IM_START, load_chat_template, template_renders_tools
+
+    if template_renders_tools(tokenizer):
+        return tokenizer
+    vocab = tokenizer.get_vocab()
+    if IM_START not in vocab or END_OF_TURN not in vocab:
+        raise ModelLoadError(f"{where}: its chat template does not show the model the tool list, and its tokenizer "
+                             f"has no {IM_START}/{END_OF_TURN} for the project's template to fall back on")
+    print(f"[policy] {where}: its chat template ignores `tools`; using the project's (nanocomposer/chat_template.jinja)",
+          flush=True)
+    tokenizer.chat_template = load_chat_template()
+    return tokenizer
+
+
 def _stable_seed(*parts) -> int:
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
@@ -451,8 +480,8 @@ class ModelPolicy:
         if self.max_context <= self.sampling.max_new_tokens:
             raise ValueError(f"ModelPolicy: max_context {self.max_context} leaves no room for a prompt with "
                              f"max_new_tokens={self.sampling.max_new_tokens}")
-        # The tokenizer's EOS (`<|im_end|>`, ends a turn) plus whatever the checkpoint also stops on.
-        self.stop_ids = list(dict.fromkeys([self.tokenizer.eos_token_id, *configured_eos]))
+        self.tokenizer = ensure_tool_template(self.tokenizer, self.name)
+        self.stop_ids = stop_token_ids(self.tokenizer, configured_eos)
         self.episode = -1
         self.task_id = ""
         self.turn = 0

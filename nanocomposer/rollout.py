@@ -74,7 +74,7 @@ from env.runner import TaskRef
 from env.tasks import Task, TaskError, load_task
 from env.workspace import make_workspace, remove_workspace
 from nanocomposer.generation import DEFAULT_PREFIX_CACHE_POSITIONS, Completion, TransformersGenerator
-from nanocomposer.policy import ModelPolicy, SamplingConfig
+from nanocomposer.policy import END_OF_TURN, ModelPolicy, SamplingConfig
 
 BACKENDS = ("transformers", "vllm")
 TRUNCATED_EPISODES = ("mask", "penalty")
@@ -181,6 +181,16 @@ class RolloutPolicy(ModelPolicy):
         self._sequences: dict[str, _Sequence] = {}
         self._rendered: dict[str, str] = {}  # episode key -> the rendering behind the prompt being generated
 
+    def _generation(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float]) -> Generation:
+        """A turn that stopped on a stop id other than the template's end of turn (`<|endoftext|>`) leaves that
+        id out of its completion: the template closes the turn with its own `<|im_end|>` (an environment
+        token), so the next prompt is what eval's re-rendering gives, not `...<|endoftext|><|im_end|>`."""
+        generation = super()._generation(prompt_ids, completion_ids, logprobs)
+        end = self.tokenizer.convert_tokens_to_ids(END_OF_TURN) if END_OF_TURN in self.tokenizer.get_vocab() else None
+        if not generation.truncated and end is not None and completion_ids[-1] != end:
+            generation.completion_ids, generation.logprobs = list(completion_ids[:-1]), list(logprobs[:-1])
+        return generation
+
     def forget(self) -> None:
         self._sequences.clear()
         self._rendered.clear()
@@ -250,7 +260,8 @@ def noncanonical_turns(trajectory: Trajectory, tokenizer) -> int:
     count = 0
     for turn in trajectory.turns:
         ids = turn["completion_ids"] or []
-        body = ids if turn["truncated"] else ids[:-1]
+        stopped = not turn["truncated"] and ids and ids[-1] in tokenizer.all_special_ids  # (RolloutPolicy drops a
+        body = ids[:-1] if stopped else ids  # stop id other than the end of turn: those turns end in text)
         count += tokenizer.encode(turn["text"], add_special_tokens=False) != body
     return count
 
