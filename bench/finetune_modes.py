@@ -20,6 +20,8 @@ def measure(model_path: str, mode: str, dtype_name: str, seq: int, steps: int, l
     import torch
     from transformers import AutoModelForCausalLM
 
+    import nanocomposer.smeared_llama  # noqa: F401 -- registers the tiny preset's architecture (any base can be timed)
+
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype_name))
     if mode == "lora":
         from peft import LoraConfig, get_peft_model
