@@ -228,6 +228,21 @@ class PrefixCache:
 
 
 @cache
+def _cache_argument(model_class: type) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def cache_kwarg(model, cache) -> dict:
+    """{name: cache} for a causal LM's forward: `cache` in transformers >= 5.2x (the CPU stack's 5.24), where
+    `past_key_values` is deprecated; `past_key_values` in 5.17 (the GPU stack: vLLM 0.31 pins <5.18), which
+    silently ignores an unknown `cache=` and would leave the caller's cache empty."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper
+    return {_cache_argument(type(base)): cache}
+
+
+@cache
 def _decode_batch_layer():
     """The class below, built on first use so that importing this module does not import transformers."""
     from transformers.cache_utils import DynamicLayer
@@ -397,7 +412,7 @@ class TransformersGenerator:
         for r, prompt in enumerate(prompts):
             input_ids[r, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long, device=device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **cache_kwarg(self.model, cache),
                          use_cache=True, logits_to_keep=1)
         return cache, out.logits[:, -1], mask, positions[:, -1]
 
@@ -409,7 +424,7 @@ class TransformersGenerator:
         row_cache = DynamicCache(config=self.model.config)
         reused = self._reuse_prefix(prompt, row_cache)
         out = self.model(input_ids=torch.tensor([list(prompt[reused:])], dtype=torch.long, device=self.device),
-                         cache=row_cache, use_cache=True, logits_to_keep=1)
+                         **cache_kwarg(self.model, row_cache), use_cache=True, logits_to_keep=1)
         return row_cache, out.logits[0, -1]
 
     def can_stream(self) -> bool:
@@ -491,7 +506,7 @@ class TransformersGenerator:
             mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=-1)
             last_position = last_position + 1
             out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=last_position[:, None],
-                             cache=cache, use_cache=True)
+                             **cache_kwarg(self.model, cache), use_cache=True)
             logits = out.logits[:, -1]
         if remember:
             keep_states(list(range(len(alive))))
@@ -786,7 +801,8 @@ class DecodeStream:
         self.mask[:live, length] = 1
         self.positions = self.positions + 1
         out = self.generator.model(input_ids=tokens[:, None], attention_mask=self.mask[:live, start:length + 1],
-                                   position_ids=self.positions[:, None], cache=self.cache, use_cache=True)
+                                   position_ids=self.positions[:, None],
+                                   **cache_kwarg(self.generator.model, self.cache), use_cache=True)
         self.logits = out.logits[:, -1]
         return finished
 
