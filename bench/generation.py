@@ -35,6 +35,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MICRO_SIZES = {"vocab_size": 512, "hidden": 64, "layers": 2, "heads": 2, "context": 4096, "seed": 0}
+# A top-2 logit gap below this where the backends' greedy tokens first differ is a tie, not a disagreement:
+# bf16 rounds logits of magnitude 8-16 to steps of 1/16.
+NEAR_TIE_GAP = 0.1
 STDLIB_TEXT_CHARS = 3_000_000  # tokenizer training text for --build-random (the sorted stdlib, first ~3 MB)
 
 
@@ -58,8 +61,12 @@ def build_random_checkpoint(dest: Path, sizes: dict | None = None) -> Path:
     tokenizer = build_tokenizer(texts, cfg["vocab_size"])
     tokenizer.model_max_length = cfg["context"]
     with torch.random.fork_rng():
+        # plain Llama keys (vLLM has no smeared-key model); the embedding scaled x10 so that the logits are
+        # sharp and greedy argmaxes rarely tie (a random model's are nearly flat), as tests/test_gpu.py does
         model = build_model(tokenizer, hidden=cfg["hidden"], layers=cfg["layers"], heads=cfg["heads"],
-                            context=cfg["context"], seed=cfg["seed"])
+                            context=cfg["context"], seed=cfg["seed"], smeared_keys=False)
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(10.0)
     dest.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
@@ -67,7 +74,8 @@ def build_random_checkpoint(dest: Path, sizes: dict | None = None) -> Path:
 
 
 def converted_checkpoint(path: Path, dtype: str, dest: Path) -> Path:
-    """A copy of checkpoint `path` with its weights in `dtype` (vLLM serves a checkpoint in its saved dtype)."""
+    """A copy of checkpoint `path` with its weights in `dtype`: vLLM (dtype auto) and transformers then both
+    run it in that dtype (vLLM downcasts an fp32 checkpoint to bf16, transformers loads it as saved)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -191,9 +199,15 @@ def check_backends(policy, prompts: list[list[int]], vllm_results: list, device:
             top2 = model(input_ids=ids).logits[0, -1].float().topk(2).values.tolist()
         report["differences"].append({"prompt": k, "first_difference_at": at, "transformers": hf.ids[at:at + 5],
                                       "vllm": vl.ids[at:at + 5], "transformers_top2_gap": top2[0] - top2[1],
+                                      "near_tie": top2[0] - top2[1] < NEAR_TIE_GAP,
                                       "logprob_diff_before": max((abs(a - b) for a, b in zip(
                                           hf.logprobs[:at], vl.logprobs[:at])), default=0.0)})
     return report
+
+
+def real_disagreements(identity: dict | None) -> list[dict]:
+    """The backend differences of a `check_backends` report that are not right after a near-tie."""
+    return [d for d in (identity or {}).get("differences", []) if not d.get("near_tie")]
 
 
 def table(rows: list[dict]) -> str:
@@ -306,8 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.generation: batches {mismatched} changed some greedy tokens (see 'same tokens as alone')",
               file=sys.stderr)
         status = 1 if args.backend == "transformers" else status
-    if identity and identity["identical"] != identity["prompts"]:
-        print("bench.generation: vLLM and transformers disagree on greedy tokens", file=sys.stderr)
+    real = real_disagreements(identity)
+    if real:  # a divergence right after a near-tie is a tie either kernel may break its own way
+        print(f"bench.generation: vLLM and transformers disagree on greedy tokens of {len(real)} prompts, "
+              f"not at a near-tie (top-2 gap >= {NEAR_TIE_GAP})", file=sys.stderr)
         status = 1
     return status
 

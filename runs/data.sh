@@ -2,6 +2,10 @@
 # Build all data offline: the code mix (CPT), the task factory (RL/eval), expert trajectories (SFT).
 #   bash runs/data.sh                 # full sizes
 #   SIZE=small bash runs/data.sh      # what `make demo` uses
+# Env: OUT (default artifacts/data), WORKERS (builders' parallel episodes/processes; default the cores, at
+# most 16), BUDGET (a preset's budget.yaml the oracle episodes are played under; default Budget's),
+# SFT_VERIFY (a tokenizer dir or hub id whose chat template must render every SFT row to harness-valid calls),
+# TASK_FLAGS / SFT_DATA_FLAGS (extra builder flags; last one wins).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -17,6 +21,7 @@ if [ "$SIZE" = small ]; then
 else
   CORPUS_CHARS=30000000; PER_PROJECT=6; HELD_OUT=12; STDLIB="--stdlib"; VARIANTS=3; LADDER=60; LADDER_HELD_OUT=30
 fi
+WORKERS=${WORKERS:-$(n=$(nproc); echo $((n > 16 ? 16 : n)))}
 export NANOCOMPOSER_PROGRESS=${NANOCOMPOSER_PROGRESS:-1}
 
 echo "== code mix ($CORPUS_CHARS chars) -> $OUT/corpus"
@@ -25,8 +30,10 @@ $PY -m data.build_corpus --out "$OUT/corpus" --max-chars "$CORPUS_CHARS" --seed 
 echo "== task factory ($PER_PROJECT per project and family, $HELD_OUT in held-out projects;" \
   "ladder $LADDER per rung in train, $LADDER_HELD_OUT in val and test) -> $OUT/tasks"
 $PY -m data.build_tasks --out "$OUT/tasks" --per-project "$PER_PROJECT" --held-out-per-project "$HELD_OUT" \
-  --ladder "$LADDER" --ladder-held-out "$LADDER_HELD_OUT" $STDLIB --seed 0 --workers 2 --overwrite
+  --ladder "$LADDER" --ladder-held-out "$LADDER_HELD_OUT" $STDLIB --seed 0 --workers "$WORKERS" --overwrite \
+  ${TASK_FLAGS:-}
 
 echo "== expert trajectories (oracle, $VARIANTS variants per task) -> $OUT/sft"
 $PY -m data.build_sft --tasks "$OUT/tasks" --out "$OUT/sft" --variants "$VARIANTS" --val-tasks 24 --seed 0 \
-  --workers 2 --overwrite
+  --workers "$WORKERS" --overwrite ${BUDGET:+--budget "$BUDGET"} ${SFT_VERIFY:+--verify-template "$SFT_VERIFY"} \
+  ${SFT_DATA_FLAGS:-}

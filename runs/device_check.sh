@@ -31,6 +31,13 @@ START=$(date +%s)
 # dry run only the cap applies: a shared CPU runs the toy steps at whatever speed its load allows.
 if [ "$MODE" = gpu ]; then BUDGET_S=${BUDGET_S:-460}; else BUDGET_S=${BUDGET_S:-900}; fi
 RESERVE_S=30  # kept back for writing the JSON
+# Each step's limit on the lent machine, in seconds. They add up to the budget less the reserve (tested:
+# tests/test_device_check.py), so no step can starve the ones after it:
+#   wheels 40 + imports 30 + data 140 (the GPU tests beside it) + cpt 60 + sft 60 + rl 45 + eval 55 = 430 = 460 - 30
+# Estimates for the 91 M model (docs/gpu.md): wheels+imports ~35 s; data ~90-130 s on 16 workers (no ladder);
+# CPT 150 steps x 32k tokens ~30-45 s with start-up; SFT 30 steps + a 2-task check ~40 s; GRPO 1 step x 4
+# episodes ~35 s; eval 4 policies x 4 episodes, all of a policy's episodes in one batch, 4 turns x 64 tokens ~45 s.
+declare -A LIMIT=([wheels]=40 [imports]=30 [data]=140 [gpu_tests]=140 [cpt]=60 [sft]=60 [rl]=45 [eval]=55)
 WORK=${WORK:-/tmp/nanocomposer-device-check}
 OUT=${OUT:-$WORK/out}
 RUN=device-check
@@ -46,24 +53,27 @@ export RUN RUNS="$WORK/runs" DATA="$WORK/data" CORPUS="$WORK/data/corpus" BASE="
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1 EVAL_FLAGS=""
 if [ "$MODE" = gpu ]; then
   export PY=python3 PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}  # where install_wheels puts them
-  export CORPUS_CHARS=${CORPUS_CHARS:-6000000} CPT_STEPS=${CPT_STEPS:-300} SFT_STEPS=${SFT_STEPS:-60}
-  export RL_STEPS=${RL_STEPS:-2} EVAL_LIMIT=${EVAL_LIMIT:-4}
+  export CORPUS_CHARS=${CORPUS_CHARS:-6000000} CPT_STEPS=${CPT_STEPS:-150} SFT_STEPS=${SFT_STEPS:-30}
+  export RL_STEPS=${RL_STEPS:-1} EVAL_LIMIT=${EVAL_LIMIT:-2}
   export TRAIN_FLAGS="--report_to none"
+  export TASK_FLAGS="--ladder 0 --ladder-held-out 0"  # a timing check: the factory without its ladder
   export RL_FLAGS="--per_device_train_batch_size 4"  # one task x 4 episodes per step
-  export SFT_EXTRA="--check_limit 2"
+  # A 30-step 91 M model may never make a valid call: the check is timed and reported, not a gate here.
+  export SFT_EXTRA="--check_limit 2 --check_workers 2 --check_must_pass false"
+  export EVAL_FLAGS="--max-turns 4 --max-new-tokens 64"
 else  # toy sizes: a micro model, a 3-project task factory, a handful of steps, fp32 on the CPU
   if [ -z "${PY:-}" ]; then if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi; fi
   export PY NANOCOMPOSER_TEST_DEVICE=cpu WORKERS=2
   export CORPUS_CHARS=${CORPUS_CHARS:-100000} CPT_STEPS=${CPT_STEPS:-2} SFT_STEPS=${SFT_STEPS:-2}
   export RL_STEPS=${RL_STEPS:-1} EVAL_LIMIT=${EVAL_LIMIT:-1}
   export CORPUS_FLAGS="--sources stdlib"
-  export TASK_FLAGS="--only micro_clamp,micro_fizzbuzz,micro_rle --per-project 1 --held-out-per-project 1 --families fix_bug"
-  export SFT_DATA_FLAGS="--variants 1 --val-tasks 1" SFT_CHECK_TASKS=""  # eval below plays the same episodes
+  export TASK_FLAGS="--only micro_clamp,micro_fizzbuzz,micro_rle --per-project 1 --held-out-per-project 1 --families fix_bug --ladder 0 --ladder-held-out 0"
+  export SFT_DATA_FLAGS="--variants 1 --val-tasks 1"
   export BASE_FLAGS="--preset tiny --vocab-size 512 --hidden 64 --layers 2 --heads 2"
   export TRAIN_FLAGS="--report_to none --bf16 false --use_cpu true --optim adamw_torch --dataloader_pin_memory false"
   export CPT_FLAGS="--block_size 128 --per_device_train_batch_size 2 --per_device_eval_batch_size 2 --max_eval_blocks 2"
   export RL_FLAGS="--num_generations 2 --per_device_train_batch_size 2 --max_turns 2 --max_new_tokens 16"
-  export SFT_EXTRA="--check_limit 1 --check_max_turns 2 --max_length 2048 --per_device_train_batch_size 1"
+  export SFT_EXTRA="--check_limit 1 --check_max_turns 2 --check_max_new_tokens 16 --check_must_pass false --max_length 2048 --per_device_train_batch_size 1"
   export EVAL_FLAGS="--max-turns 2 --max-new-tokens 16"
 fi
 # Timing, not scheduled evaluations: CPT evaluates once after training; SFT saves its last step's
@@ -136,16 +146,16 @@ main() {
   echo "== device check, mode $MODE, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "   budget ${BUDGET_S}s; work dir $WORK; results in $OUT"
   if [ "$MODE" = gpu ]; then
-    run_step wheels 120 bash -c "$(declare -f install_wheels); install_wheels" || { skip pipeline "wheels"; return; }
+    run_step wheels "${LIMIT[wheels]}" bash -c "$(declare -f install_wheels); install_wheels" || { skip pipeline "wheels"; return; }
     # Fails fast when a carried package does not fit the machine's (datasets needs pyarrow >= 24, ...).
-    run_step imports 90 bash -c "$(declare -f versions); PY=$PY versions" || { skip pipeline "imports"; return; }
+    run_step imports "${LIMIT[imports]}" bash -c "$(declare -f versions); PY=$PY versions" || { skip pipeline "imports"; return; }
   fi
 
   # The GPU tests need the GPU, the data builders the CPU: they run side by side.
-  run_step gpu_tests 240 "$PY" -m pytest -q -m gpu tests/test_gpu.py -rs -p no:cacheprovider \
+  run_step gpu_tests "${LIMIT[gpu_tests]}" "$PY" -m pytest -q -m gpu tests/test_gpu.py -rs -p no:cacheprovider \
     --junitxml="$OUT/gpu_tests.xml" > "$WORK/gpu_tests.log" 2>&1 &
   local tests_pid=$!
-  STAGES=data run_step data 200 bash runs/gpu_scratch.sh
+  STAGES=data run_step data "${LIMIT[data]}" bash runs/gpu_scratch.sh
   local data_rc=$?
   wait $tests_pid
   echo; echo "== gpu tests (ran beside the data build)"; cat "$WORK/gpu_tests.log"
@@ -153,13 +163,12 @@ main() {
   # Each stage needs the model the one before saved; a stage that failed after saving it (SFT's harness check
   # exits 1 when the model never made a valid call) does not stop the next one.
   (( data_rc == 0 )) || { skip cpt "the data step failed"; return; }
-  local stage limit previous=base
+  local stage previous=base
   for stage in cpt sft rl eval; do
     if [ ! -f "$([ $previous = base ] && echo "$BASE" || echo "$RUNS/$RUN/$previous")/config.json" ]; then
       skip "$stage" "no $previous model"; previous=$stage; continue
     fi
-    case $stage in cpt) limit=150 ;; sft) limit=120 ;; *) limit=150 ;; esac
-    STAGES=$stage run_step "$stage" "$limit" bash runs/gpu_scratch.sh
+    STAGES=$stage run_step "$stage" "${LIMIT[$stage]}" bash runs/gpu_scratch.sh
     previous=$stage
   done
 }

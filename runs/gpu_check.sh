@@ -8,7 +8,7 @@
 # Needs CUDA and vllm (a clear error otherwise). Results under $OUT (default runs/gpu_check):
 # generation_vllm.json (bench.generation's measurements and the backend identity report) and gpu_check.log.
 # Budget: under 8 minutes (engine start ~1-2 min, oracle episodes for the prompts, three passes, identity).
-# Env: PY (python), DTYPE (e.g. bfloat16: benchmark a converted copy, if this vLLM refuses float32 weights),
+# Env: PY (python), DTYPE (the dtype of the copy both backends run; default bfloat16),
 # BATCHES (default 1,8,32), PROMPTS (default 64), MAX_NEW_TOKENS (default 128), IDENTITY_PROMPTS (default 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,7 +61,7 @@ if not torch.cuda.is_available():
     sys.exit("gpu_check.sh: no CUDA device here (torch.cuda.is_available() is False); "
              "on a CPU machine run: bash runs/gpu_check.sh --dry-run")
 if importlib.util.find_spec("vllm") is None:
-    sys.exit("gpu_check.sh: vllm is not installed (pip install vllm on the GPU machine)")
+    sys.exit("gpu_check.sh: vllm is not installed (pip install -r requirements-gpu.txt on the GPU machine)")
 import vllm
 
 print(f"torch {torch.__version__}, vllm {vllm.__version__}, {torch.cuda.get_device_name(0)}")
@@ -76,8 +76,9 @@ if [ -z "$CHECKPOINT" ]; then
   [ -f "$CHECKPOINT/config.json" ] || BUILD=(--build-random "$CHECKPOINT")
   stamp "no checkpoint given: a random-weight model of the demo's shape ($CHECKPOINT); speed only"
 fi
-DTYPE_ARGS=()
-[ -z "${DTYPE:-}" ] || DTYPE_ARGS=(--dtype "$DTYPE")
+# Both backends in one dtype: vLLM serves an fp32 checkpoint in bf16 while transformers loads it as saved, so
+# the check runs a bf16 copy by default (DTYPE=float32 keeps fp32 on both only where vLLM accepts it).
+DTYPE_ARGS=(--dtype "${DTYPE:-bfloat16}")
 # vLLM takes half the GPU; the transformers copy for the identity check needs little.
 export NANOCOMPOSER_VLLM_GPU_MEMORY=${NANOCOMPOSER_VLLM_GPU_MEMORY:-0.5}
 stamp "vLLM: batched vs one at a time; greedy identity with transformers"

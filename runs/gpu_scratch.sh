@@ -16,7 +16,7 @@
 #   WORKERS              processes for the data builders                      nproc (at most 16)
 #   CPT_STEPS SFT_STEPS RL_STEPS                                              600, 300, 8 (the recipes' max_steps)
 #   SFT_CHECK_TASKS      tasks of SFT's post-training harness check           $DATA/tasks/val (empty: no check)
-#   EVAL_LIMIT           tasks per held-out set in stage 4                    all (201 tasks with the small factory)
+#   EVAL_LIMIT           tasks per held-out set in stage 4                    all (561 with the small factory and its ladder)
 #   EVAL_BACKEND         eval.py --backend                                    auto (vLLM where installed)
 #   TASK_FLAGS SFT_DATA_FLAGS CORPUS_FLAGS   extra data-builder flags (last one wins)
 #   TRAIN_FLAGS          extra flags for all three training stages (e.g. --report_to none)
@@ -54,10 +54,10 @@ if wanted data; then
   stage "data: code mix ($CORPUS_CHARS chars) -> $CORPUS"
   $PY -m data.build_corpus --out "$CORPUS" --max-chars "$CORPUS_CHARS" --seed 0 --overwrite ${CORPUS_FLAGS:-}
 
-  # runs/data.sh's SIZE=small task factory: the same train/val/test tasks as the CPU preset.
+  # runs/data.sh's SIZE=small task factory, its ladder included: the same train/val/test tasks as the CPU preset.
   stage "data: task factory -> $DATA/tasks"
-  $PY -m data.build_tasks --out "$DATA/tasks" --per-project 2 --held-out-per-project 12 --seed 0 \
-    --workers "$WORKERS" --overwrite ${TASK_FLAGS:-}
+  $PY -m data.build_tasks --out "$DATA/tasks" --per-project 2 --held-out-per-project 12 --ladder 20 \
+    --ladder-held-out 30 --seed 0 --workers "$WORKERS" --overwrite ${TASK_FLAGS:-}
 
   stage "data: oracle trajectories -> $DATA/sft"
   $PY -m data.build_sft --tasks "$DATA/tasks" --out "$DATA/sft" --variants 2 --val-tasks 24 --seed 0 \
@@ -89,11 +89,12 @@ if wanted rl; then
 fi
 
 if wanted eval; then
-  # --workers 1: one process holds the GPU (eval.py's worker pool forks, and a forked child cannot use CUDA).
+  # --workers: live episodes in this one process (threads), their turns generated as one batch; the budgets
+  # are the preset's (recipes/gpu_scratch/budget.yaml, which RL and the SFT check read too).
   stage "4. eval: base vs CPT vs SFT vs RL on the held-out tasks (val and test projects, never trained on)"
   $PY eval.py --compare "$BASE" "$OUT_DIR/cpt" "$OUT_DIR/sft" "$OUT_DIR/rl" \
     --tasks factory:test factory:val --tasks-root "$DATA/tasks" ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"} \
-    --workers 1 --backend "$EVAL_BACKEND" --max-turns 8 --max-new-tokens 128 \
+    --workers "${EVAL_WORKERS:-64}" --backend "$EVAL_BACKEND" --budget recipes/gpu_scratch/budget.yaml \
     --out-dir "$OUT_DIR/eval" --run "$RUN" ${EVAL_FLAGS---wandb}
   echo; echo "== report: $OUT_DIR/eval/compare.md"
   cat "$OUT_DIR/eval/compare.md"

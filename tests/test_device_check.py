@@ -119,6 +119,29 @@ def test_table_rows_name_a_missing_stage_with_a_dash():
     assert header.count("|") == rule.count("|") == row.count("|")
 
 
+def test_step_limits_fit_the_budget_and_eval_batches_each_policy():
+    """On the lent machine the steps' limits add up to at most the budget less the reserve (the GPU tests run
+    beside the data step, so they count once, as the longer of the two); every episode of a policy's eval goes
+    to the model in one batch; a weak model's SFT check is reported, not a failed step; the dry run plays it."""
+    import re
+
+    script = (ROOT / "runs" / "device_check.sh").read_text()
+    limits = dict(re.findall(r"\[(\w+)\]=(\d+)", re.search(r"declare -A LIMIT=\((.*)\)", script).group(1)))
+    limits = {k: int(v) for k, v in limits.items()}
+    budget = int(re.search(r"BUDGET_S=\$\{BUDGET_S:-(\d+)\}; else", script).group(1))
+    reserve = int(re.search(r"RESERVE_S=(\d+)", script).group(1))
+    serial = sum(v for k, v in limits.items() if k not in ("data", "gpu_tests")) + max(limits["data"],
+                                                                                       limits["gpu_tests"])
+    assert serial <= budget - reserve, (serial, budget, reserve)
+    gpu_mode = script.split("else  # toy sizes")[0]
+    eval_limit = int(re.search(r"EVAL_LIMIT=\$\{EVAL_LIMIT:-(\d+)\}", gpu_mode).group(1))
+    scratch = (ROOT / "runs" / "gpu_scratch.sh").read_text()
+    eval_workers = int(re.search(r"--workers \"\$\{EVAL_WORKERS:-(\d+)\}\"", scratch).group(1))
+    assert eval_workers >= 2 * eval_limit  # factory:test + factory:val, EVAL_LIMIT tasks each
+    assert "--check_must_pass false" in gpu_mode and "--check_must_pass false" in script.split("else  # toy sizes")[1]
+    assert 'SFT_CHECK_TASKS=""' not in script
+
+
 def test_unknown_argument_is_a_clear_error():
     proc = subprocess.run(["bash", "runs/device_check.sh", "--bogus"], check=False, cwd=ROOT, capture_output=True, text=True,
                           timeout=30)

@@ -92,6 +92,96 @@ def test_gpu_scratch_preset_has_the_documented_size():
     assert 50e6 <= count_parameters(model) <= 150e6
 
 
+# --------------------------------------------------------------------------- the GPU stack and recipes (CPU)
+
+ROOT = Path(__file__).resolve().parents[1]
+PINNED = {"vllm": "0.31.0", "torch": "2.13.0", "transformers": "5.17.0", "trl": "1.16.0"}
+
+
+@pytest.mark.slow
+def test_gpu_requirements_resolve_from_metadata(tmp_path):
+    """requirements-gpu.txt resolves as one set (pip's resolver on package metadata only, nothing installed):
+    vLLM inside TRL 1.16's supported range (0.22-0.31) with the torch and transformers it pins."""
+    import json
+    import subprocess
+    import sys
+
+    from packaging.version import Version
+
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    probe = subprocess.run([*pip, "index", "versions", "vllm"], capture_output=True, text=True, timeout=120,
+                           check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"the package index is unreachable (pip index versions vllm: {probe.stderr.strip()[-200:]})")
+    report = tmp_path / "report.json"
+    proc = subprocess.run([*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+                           "-r", str(ROOT / "requirements-gpu.txt")], capture_output=True, text=True, timeout=900,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resolved = {item["metadata"]["name"].lower(): item["metadata"]["version"]
+                for item in json.loads(report.read_text())["install"]}
+    for name, version in PINNED.items():
+        assert Version(resolved[name]).base_version == version, (name, resolved.get(name))
+    assert Version("0.22.0") <= Version(resolved["vllm"]) <= Version("0.31.0")
+
+
+def test_gpu_recipes_share_one_budget_and_batch_their_episodes(monkeypatch):
+    """recipes/gpu: every stage's budgets come from budget.yaml (none set in a stage recipe); RL's vLLM context
+    fits the episode context; no sleep mode; the SFT check and eval batch their episodes; no key transformers
+    5.17 (the GPU stack) lacks."""
+    import re
+
+    import yaml
+
+    import eval as eval_script
+    import train_rl
+    import train_sft
+    from env.budget import BUDGET_FILE_KEYS, Budget, load_budget_file
+
+    monkeypatch.chdir(ROOT)
+    budget = load_budget_file("recipes/gpu/budget.yaml")
+    for recipe in sorted((ROOT / "recipes" / "gpu").glob("*.yaml")):
+        if recipe.name == "budget.yaml":
+            continue
+        keys = set(yaml.safe_load(recipe.read_text()))
+        assert not keys & {*BUDGET_FILE_KEYS, *(f"check_{k}" for k in BUDGET_FILE_KEYS)}, recipe.name
+        assert "activation_checkpointing" not in keys, recipe.name
+    cpu = ["--bf16", "false", "--use_cpu", "true"]
+    rl, rl_training = train_rl.make_parser().parse_args_and_config(["--config", "recipes/gpu/rl.yaml", *cpu])[:2]
+    sft = train_sft.make_parser().parse_args_and_config(["--config", "recipes/gpu/sft.yaml", *cpu])[0]
+    ev, ev_budget = eval_script.parse_args(["--config", "recipes/gpu/eval.yaml", "--policy", "gold", "--output",
+                                            "x.json"])
+    want = Budget(**budget)
+    assert {k: getattr(ev_budget, k) for k in BUDGET_FILE_KEYS} == {k: getattr(want, k) for k in BUDGET_FILE_KEYS}
+    assert {k: getattr(sft.check_budget(), k) for k in BUDGET_FILE_KEYS} == \
+        {k: getattr(want, k) for k in BUDGET_FILE_KEYS}
+    assert (rl.max_turns, rl.max_new_tokens, rl.max_context, rl.max_output_chars, rl.max_wall_s) == \
+        (want.max_turns, want.max_new_tokens, want.max_context, want.max_output_chars, want.max_wall_s)
+    assert rl_training.vllm_max_model_length >= want.max_context and rl_training.vllm_enable_sleep_mode is False
+    assert sft.check_workers >= 32 and ev.workers >= 32
+    script = (ROOT / "runs" / "gpu.sh").read_text()
+    assert "--workers 1 " not in script and re.search(r"EVAL_WORKERS:-(\d+)", script).group(1) == "64"
+    assert "--budget" in (ROOT / "runs" / "gpu_scratch.sh").read_text()
+
+
+def test_a_stage_recipe_that_repeats_a_budget_key_is_refused(tmp_path, capsys):
+    import train_rl
+
+    (tmp_path / "budget.yaml").write_text("max_turns: 4\nmax_new_tokens: 32\n")
+    (tmp_path / "rl.yaml").write_text("model_name_or_path: m\nmax_turns: 5\n")
+    with pytest.raises(SystemExit):
+        train_rl.make_parser().parse_args_and_config(["--config", str(tmp_path / "rl.yaml")])
+    assert "max_turns is set in the budget file" in capsys.readouterr().err
+    (tmp_path / "rl.yaml").write_text("model_name_or_path: m\n")
+    args = train_rl.make_parser().parse_args_and_config(["--config", str(tmp_path / "rl.yaml"), "--max_new_tokens",
+                                                         "16", "--bf16", "false", "--use_cpu", "true"])[0]
+    assert (args.max_turns, args.max_new_tokens) == (4, 16)  # the file's, and a flag still wins
+    (tmp_path / "budget.yaml").write_text("temperature: 0.7\n")
+    with pytest.raises(SystemExit):
+        train_rl.make_parser().parse_args_and_config(["--config", str(tmp_path / "rl.yaml")])
+    assert "unknown key 'temperature'" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- bf16 training step
 
 

@@ -252,3 +252,32 @@ def test_rl_replay_identity_with_a_random_qwen2_model(standin, calc):
     forced = run_episode(calc, Forced(model, sft, SamplingConfig(max_new_tokens=512)), EpisodeConfig())
     assert len(forced.turns) >= 3 and forced.solved
     assert replay_gap(model, forced, sft.eos_token_id) < 1e-3
+
+
+# --------------------------------------------------------------------------- the whole chain
+
+
+@pytest.mark.slow
+def test_gpu_sh_dry_run_runs_the_whole_hub_chain(tmp_path):
+    """runs/gpu.sh --dry-run: data (checked rendered by the Qwen templates) -> CPT -> SFT with its harness
+    check -> GRPO -> eval of all four, on the CPU with the Qwen tokenizer and a random 2-layer Qwen2 (about
+    8 minutes on 2 shared cores)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "RUNS": str(tmp_path), "RUN": "dry", "PY": sys.executable}
+    proc = subprocess.run(["bash", "runs/gpu.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1500, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    run = tmp_path / "dry"
+    manifest = json.loads((run / "work" / "data" / "sft" / "manifest.json").read_text())
+    parsed = manifest["splits"]["train"]["assistant_turns_parsed"]
+    assert len(parsed) == 3 and len(set(parsed.values())) == 1  # project, Qwen's and TRL's training template
+    assert manifest["budget"]["max_output_chars"] == 4000  # recipes/gpu/budget.yaml
+    assert (run / "sft" / "check.json").is_file()
+    for stage in ("cpt", "sft", "rl"):
+        assert (run / stage / "config.json").is_file(), stage
+    assert (run / "eval" / "compare.md").is_file()
