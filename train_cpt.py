@@ -244,7 +244,8 @@ def main(script_args: CPTArguments, training_args: TrainingArguments, model_args
     trainer.save_metrics("train", metrics)
     trainer.save_state()
     finish_wandb(wandb_run, {f"final/{k}": v for k, v in metrics.items() if v is not None})
-    trainer.end()
+    # Trainer.end() is new in transformers 5.2x; 5.17 (the GPU stack) ends the trackers through accelerate
+    trainer.end() if hasattr(trainer, "end") else trainer.accelerator.end_training()
     print0(f"[cpt] eval loss {metrics['initial_eval_loss']} -> {metrics['final_eval_loss']:.4f} "
            f"(perplexity {metrics['final_eval_perplexity']:.1f}); {tokens_per_second:,.0f} tokens/s; "
            f"saved to {output_dir}")

@@ -218,7 +218,8 @@ def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: 
     first = {f"first/{k}": v for k, v in window_means(history[:5], ("reward", "rewards/", "behaviour/")).items()}
     last = window_means(history, ("reward", "rewards/", "behaviour/", "timing/", "step_time", "exit/",
                                   "advantage_share/", "rollout/"))
-    trainer.end()
+    # Trainer.end() is new in transformers 5.2x; 5.17 (the GPU stack) ends the trackers through accelerate
+    trainer.end() if hasattr(trainer, "end") else trainer.accelerator.end_training()
 
     write_model_card(
         output_dir,

@@ -256,7 +256,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         "train_seconds": train_seconds,
         **(harness.final if harness else {}),  # the harness eval of the final step (nanocomposer/harness_eval.py)
     }
-    trainer.end()
+    # Trainer.end() is new in transformers 5.2x; 5.17 (the GPU stack) ends the trackers through accelerate
+    trainer.end() if hasattr(trainer, "end") else trainer.accelerator.end_training()
 
     ################
     # Harness check
