@@ -128,9 +128,10 @@ def test_every_script_prints_its_help(script):
 
 
 def parser_flags(script: str) -> set[str]:
-    """Every option string the script accepts, its subcommands' included; `--config` is the recipe parser's."""
+    """Every option string the script accepts, its subcommands' included; `--config` and `--budget` are the recipe
+    parser's (read before the dataclass flags)."""
     parser = importlib.import_module(script).make_parser()
-    flags, parsers = {"--config"}, [parser]
+    flags, parsers = {"--config", "--budget"}, [parser]
     while parsers:
         p = parsers.pop()
         flags |= set(p._option_string_actions)
