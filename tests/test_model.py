@@ -304,7 +304,7 @@ def signature(tool: dict) -> str:
 
 
 def reference_render(messages, tools=None, add_generation_prompt=False) -> str:
-    """docs/architecture.md's rendering, written in Python."""
+    """docs/harness.md's rendering (tool-call protocol), written in Python."""
     out, i = [], 0
     if tools:
         system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
