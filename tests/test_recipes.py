@@ -115,8 +115,10 @@ def test_recipe_strings_and_scalars_are_typed(tmp_path):
 
 
 SCRIPTS = ("train_cpt", "train_sft", "train_rl", "eval", "realtime_rl", "agent")
-# The commands users copy: the pipeline scripts, the README, docs/ and the recipes' own comments.
-COMMAND_FILES = [*sorted(ROOT.glob("runs/*.sh")), ROOT / "README.md", *sorted(ROOT.glob("docs/*.md")), *RECIPES]
+# The commands users copy: the pipeline scripts, the READMEs (the top one and those of data/, bench/, tests/), docs/
+# and the recipes' own comments.
+COMMAND_FILES = [*sorted(ROOT.glob("runs/*.sh")), ROOT / "README.md", *sorted(ROOT.glob("*/README.md")),
+                 *sorted(ROOT.glob("docs/*.md")), *RECIPES]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
