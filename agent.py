@@ -82,8 +82,8 @@ def make_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one task on your repository")
     run.add_argument("instruction")
     run.add_argument("--repo", required=True, help="the repository directory (copied; never edited in place)")
-    run.add_argument("--model", default=None, help="checkpoint dir | oracle | gold | noop | replay:FILE "
-                     "(default: the registry's current version)")
+    run.add_argument("--model", default=None, help="checkpoint dir | oracle | gold | noop | replay:FILE | "
+                     "openai:MODEL@BASE_URL (default: the registry's current version)")
     run.add_argument("--test-command", default=None, help="what run_tests runs (default: none)")
     run.add_argument("--max-wall-s", type=float, default=Budget.max_wall_s,
                      help="wall-clock budget of the session in seconds (default: %(default)s)")
@@ -146,11 +146,12 @@ def _model_spec(args) -> str:
 
 
 def _build_policy(spec: str, budget: Budget, backend: str):
-    from nanocomposer.policies import build_policy, is_scripted, seed_policy
+    from nanocomposer.policies import build_policy, is_remote, is_scripted, seed_policy
 
-    if not is_scripted(spec) and not Path(spec).is_dir():  # local directories only: nothing is fetched
+    # local directories only: nothing is fetched (an openai:<model>@<base_url> endpoint is one the user named)
+    if not is_scripted(spec) and not is_remote(spec) and not Path(spec).is_dir():
         raise ValueError(f"checkpoint {spec!r} not found (not a directory, and not a scripted policy: "
-                         "oracle, gold, noop, replay:FILE)")
+                         "oracle, gold, noop, replay:FILE, nor openai:<model>@<base_url>)")
     try:
         policy = build_policy(spec, budget.sampling(), backend)
     except Exception as e:  # noqa: BLE001  (a missing or broken checkpoint is one line, not a traceback)

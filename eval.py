@@ -54,6 +54,7 @@ from nanocomposer.policies import (
     BACKENDS,
     build_policy,
     is_scripted,
+    needs_torch,
     policy_label,
     resolve_backend,
     run_policy,
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             ensure_humaneval(humaneval_cache(args.humaneval_dir))  # built on first use, then read as task dirs
         task_sets = [resolve_task_set(s, tasks_root_dir=args.tasks_root, humaneval_dir=args.humaneval_dir)
                      for s in args.tasks]
-        if any(not is_scripted(s) for s in specs):  # scripted-only evals need no torch
+        if any(needs_torch(s) for s in specs):  # scripted and endpoint-only evals need no torch
             backend = resolve_backend(args.backend)
         for spec in specs:  # every policy must load before any episode runs (a vLLM engine starts later, once)
             build_policy(spec, sampling, backend, start_engine=False)

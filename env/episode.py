@@ -72,6 +72,23 @@ class Generation:
     # What the policy says about its own turn, kept in the turn record (e.g. the oracle marks a deliberate
     # near-miss edit as {"deliberate_mistake": True}, so the groundedness check and SFT filters know it).
     meta: dict | None = None
+    # The count of completion tokens where there are no ids to count: a policy served by another process's
+    # tokenizer (nanocomposer/openai_policy.py, from the response's `usage`); None with ids (they are counted).
+    completion_tokens: int | None = None
+
+
+# A turn's meta key naming where its tokens came from when they are not ours (an OpenAI-compatible endpoint):
+# such a turn has no ids or logprobs of our model, so RL refuses it (`foreign_token_source`); SFT may use its text.
+FOREIGN_TOKENS = "foreign_tokens"
+
+
+def foreign_token_source(turns: list[dict]) -> tuple[int, str] | None:
+    """(turn number, source) of the first turn whose tokens are not ours, or None."""
+    for turn in turns:
+        source = (turn.get("meta") or {}).get(FOREIGN_TOKENS)
+        if source:
+            return turn.get("turn", 0), str(source)
+    return None
 
 
 @dataclass
@@ -380,7 +397,7 @@ class Episode:
         traj.env_s += env_s
         for record, result in executed:
             traj.messages.append({"role": "tool", "name": record["name"] or "invalid", "content": result})
-        n_tokens = len(gen.completion_ids) if gen.completion_ids is not None else None
+        n_tokens = len(gen.completion_ids) if gen.completion_ids is not None else gen.completion_tokens
         traj.turns.append({"turn": self.turn_index, "text": gen.text, "calls": [r for r, _ in executed],
                            "gen_s": round(gen_s, 4), "env_s": round(env_s, 4),
                            "completion_tokens": n_tokens, "truncated": gen.truncated,

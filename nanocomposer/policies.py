@@ -1,7 +1,9 @@
-"""One way to turn a policy spec into a policy: scripted names, `replay:FILE`, checkpoint directories, hub ids.
+"""One way to turn a policy spec into a policy: scripted names, `replay:FILE`, checkpoint directories, hub ids,
+and prefixed kinds (KINDS: `openai:<model>@<base_url>`, an OpenAI-compatible endpoint, nanocomposer/openai_policy.py).
 
     policy = build_policy("oracle")
     policy = build_policy("runs/tiny/sft", {"max_new_tokens": 128}, backend="auto")
+    policy = build_policy("openai:qwen2.5-coder@http://127.0.0.1:8000/v1?mode=tools", {"max_new_tokens": 512})
 
 Used by eval.py, the agent (agent.py) and every stage that plays episodes, so a spec means the same
 policy everywhere; `run_policy` plays a spec on tasks through the one runner (env.runner.run_tasks).
@@ -18,10 +20,34 @@ from env.policies import POLICIES, get_policy, is_checkpoint_spec
 
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "max_context")
 BACKENDS = ("auto", "transformers", "vllm")
+# Policy kinds named by a prefix, `<prefix><rest>` -> the module serving them, which has `build(spec, sampling)`
+# (a batched policy: act_batch, optionally open_stream) and `label(spec)`. They need no torch and load nothing.
+KINDS = {
+    "openai:": "nanocomposer.openai_policy",  # an OpenAI-compatible endpoint: openai:<model>@<base_url>
+}
 
 
 def is_scripted(spec: str) -> bool:
     return spec in POLICIES or spec.startswith("replay:")
+
+
+def kind_module(spec: str):
+    """The module serving `spec`'s prefixed kind (KINDS), or None."""
+    import importlib
+
+    for prefix, module in KINDS.items():
+        if isinstance(spec, str) and spec.startswith(prefix):
+            return importlib.import_module(module)
+    return None
+
+
+def is_remote(spec: str) -> bool:
+    """A prefixed kind (KINDS): played by a service, with no checkpoint here and no torch."""
+    return isinstance(spec, str) and any(spec.startswith(prefix) for prefix in KINDS)
+
+
+def needs_torch(spec: str) -> bool:
+    return not (is_scripted(spec) or is_remote(spec))
 
 
 def resolve_backend(backend: str) -> str:
@@ -63,9 +89,11 @@ def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto",
     """
     if is_scripted(spec):
         return get_policy(spec)
+    if (kind := kind_module(spec)) is not None:
+        return kind.build(spec, sampling)
     if not is_checkpoint_spec(spec):
         raise ValueError(f"policy {spec!r}: not a scripted policy ({', '.join(POLICIES)}, replay:FILE), "
-                         f"a checkpoint directory or a hub id")
+                         f"a checkpoint directory, a hub id or {' / '.join(k + '...' for k in KINDS)}")
     from nanocomposer.policy import ModelPolicy, SamplingConfig  # lazy: scripted evals need no torch
 
     return ModelPolicy(spec, sampling=SamplingConfig(**{k: v for k, v in (sampling or {}).items()
@@ -105,7 +133,7 @@ def run_policy(spec: str, tasks: list, config, sampling: dict | None = None, *, 
     sampling = dict(sampling or {})
     seed = int(sampling.pop("seed", 0) or 0)
     scripted = is_scripted(spec)
-    if not scripted and processes > 1 and resolve_backend(backend) == "vllm":
+    if needs_torch(spec) and processes > 1 and resolve_backend(backend) == "vllm":
         print(f"eval.py: warning: --processes {processes} with the vllm backend: one engine serves every episode, "
               "in 1 process", file=sys.stderr)
         processes = 1
@@ -153,5 +181,7 @@ def policy_label(spec: str) -> str:
     """How tables name a policy: a checkpoint by the last two parts of its path (`demo/sft`)."""
     if is_scripted(spec):
         return spec
+    if (kind := kind_module(spec)) is not None:
+        return kind.label(spec)
     parts = Path(spec).resolve().parts
     return "/".join(parts[-2:])

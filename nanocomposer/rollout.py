@@ -65,6 +65,7 @@ from env.episode import (
     Generation,
     Trajectory,
     TurnRequest,
+    foreign_token_source,
     initial_messages,
     load_prompts,
 )
@@ -82,6 +83,19 @@ TRUNCATED_EPISODES = ("mask", "penalty")
 
 class RolloutError(RuntimeError):
     """A rollout that cannot become a training sample; the message names the task and the problem."""
+
+
+def refuse_foreign(trajectory: Trajectory, where: str) -> None:
+    """RolloutError, one line, when the trajectory's tokens are not this model's (an OpenAI-compatible endpoint
+    played it: another tokenizer, no ids or logprobs of ours). SFT export may still use its text."""
+    from nanocomposer.policies import is_remote
+
+    found = foreign_token_source(trajectory.turns)
+    if found is None and is_remote(trajectory.policy):
+        found = (0, trajectory.policy)
+    if found is not None:
+        raise RolloutError(f"{where}: its tokens are not ours (turn {found[0]} came from {found[1]}); RL trains "
+                           "only on its own model's token ids and logprobs (SFT export may use this trajectory)")
 
 
 # --------------------------------------------------------------------------- dataset
@@ -276,6 +290,7 @@ def episode_sample(trajectory: Trajectory, eos_id: int, mask_episode: bool = Fal
     whose sampled ids are canonical). An episode without a single turn (e.g. the first prompt overflowed the
     context) becomes one masked EOS token: TRL needs a non-empty completion, and nothing is trained.
     """
+    refuse_foreign(trajectory, f"task {trajectory.task_id}")
     turns = trajectory.turns
     if not turns:
         return {"prompt_ids": [eos_id], "completion_ids": [eos_id], "env_mask": [0], "logprobs": [0.0]}

@@ -18,7 +18,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from nanocomposer.policies import is_scripted
+from nanocomposer.policies import is_remote, is_scripted
 
 VERSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
@@ -68,7 +68,7 @@ class Registry:
             raise RegistryError(f"registry {str(self.root)!r}: version {version!r} already exists")
         self.versions_dir.mkdir(parents=True, exist_ok=True)
         spec = normal_spec(spec)
-        if is_scripted(spec):
+        if is_scripted(spec) or is_remote(spec):
             tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=self.versions_dir))
             (tmp / "policy.json").write_text(json.dumps({"spec": spec}) + "\n")
             os.replace(tmp, path)
@@ -82,7 +82,7 @@ class Registry:
         """Point `current` at `version`: refused (RegistryError, `current` unchanged) when the version is a
         checkpoint that would not load (a candidate half-written by a killed trainer, truncated weights)."""
         spec = self.spec(version)  # exists and is readable
-        if not is_scripted(spec):
+        if not is_scripted(spec) and not is_remote(spec):
             from nanocomposer.common import model_dir_problem  # lazy: scripted registries need no torch
 
             if (problem := model_dir_problem(Path(spec), chat_template=True)) is not None:
@@ -121,6 +121,10 @@ def normal_spec(spec: str) -> str:
 def _version_name(spec: str) -> str:
     if spec.startswith("replay:"):
         spec = "replay-" + Path(spec.split(":", 1)[1]).stem
+    elif is_remote(spec):
+        from nanocomposer.policies import policy_label
+
+        spec = policy_label(spec)
     elif not is_scripted(spec):
         spec = "-".join(Path(spec).resolve().parts[-2:])
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", spec).strip("-.") or "model"

@@ -52,7 +52,7 @@ import torch
 from trl import GRPOTrainer
 
 from env.episode import Trajectory
-from nanocomposer.rollout import RolloutError, episode_sample
+from nanocomposer.rollout import RolloutError, episode_sample, refuse_foreign
 
 GROUP_PREFIX = "realtime group "
 
@@ -60,6 +60,7 @@ GROUP_PREFIX = "realtime group "
 def session_samples(record: dict, eos_id: int, mask_episode: bool = False) -> list[dict]:
     """The TRL samples of one session: one per run of turns whose prompts extend each other (docstring)."""
     traj = Trajectory.from_record(record)
+    refuse_foreign(traj, f"session {record.get('session_id')}")
     segments: list[list[dict]] = []
     sequence: list[int] = []
     for turn in traj.turns:
