@@ -16,6 +16,7 @@
     POST /sessions/{id}/feedback      {"kind": applied|kept|reverted|followup_dissatisfied|rating|abandoned,
                                       "value": number (rating: 1-5), "text"} -> 201 {"id"}
     GET  /health; GET /admin/versions; POST /admin/promote {"version"}
+    GET  /v1/models; POST /v1/chat/completions   OpenAI-compatible, served by the current version (openai_api.py)
 
 Who may do what (docs/agent-server.md): with a token (`agent.py serve` always has one) every request needs
 `Authorization: Bearer <token>` (401 otherwise); /admin/* needs the admin token, or the client token from a
@@ -63,6 +64,7 @@ from nanocomposer.agent.manager import (
     SessionManager,
     TooLarge,
 )
+from nanocomposer.agent.openai_api import add_openai_routes
 from nanocomposer.agent.registry import RegistryError
 from nanocomposer.agent.store import FEEDBACK_KINDS, TERMINAL, StoreError, finite
 
@@ -503,6 +505,8 @@ def create_app(manager: SessionManager, token: str | None = None, admin_token: s
         except RegistryError as e:
             return _error(404, str(e))
         return {"current": manager.registry.current()}
+
+    add_openai_routes(app, manager, foreign_uid)  # /v1/models, /v1/chat/completions (openai_api.py)
 
     guarded = Guard(app, token=token, admin_token=admin_token, allowed_hosts=frozenset(h.lower() for h in allowed_hosts),
                     server_uid=server_uid)
