@@ -436,8 +436,9 @@ def save_final_model(model, tokenizer, output_dir: Path) -> None:
 def document_separator_id(tokenizer, separator: str | None) -> int:
     """Token id appended after every CPT document: `separator`, else <|endoftext|>, else EOS."""
     token = separator or ("<|endoftext|>" if "<|endoftext|>" in tokenizer.get_vocab() else tokenizer.eos_token)
-    token_id = tokenizer.convert_tokens_to_ids(token) if token is not None else None
-    if token_id is None or token_id == tokenizer.unk_token_id:
+    # Membership, not `id == unk_token_id`: SmolLM2's unknown token IS <|endoftext|> (id 0).
+    token_id = tokenizer.get_vocab().get(token) if token is not None else None
+    if token_id is None:
         raise ConfigError(f"document_separator {token!r} is not a token of the tokenizer")
     return token_id
 

@@ -277,3 +277,15 @@ def test_copy_replay_fraction_out_of_range_is_refused(bad):
 
     with pytest.raises(ArgumentError, match="copy_replay_fraction"):
         train_cpt.CPTArguments(copy_replay_fraction=float(bad))
+
+
+def test_document_separator_may_be_the_unknown_token(micro):
+    """SmolLM2's <|endoftext|> is also its unk token (id 0): it is still a real separator; a missing one fails."""
+    from nanocomposer.config import ConfigError
+
+    tokenizer = load_tokenizer(str(micro / "base"))
+    endoftext = tokenizer.get_vocab()["<|endoftext|>"]
+    tokenizer.unk_token = "<|endoftext|>"
+    assert tokenizer.unk_token_id == endoftext and document_separator_id(tokenizer, None) == endoftext
+    with pytest.raises(ConfigError, match="not a token"):
+        document_separator_id(tokenizer, "<|no_such_token|>")
