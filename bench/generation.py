@@ -19,6 +19,9 @@ later pass does not reuse an earlier pass's prompts.
 `--check-backends K` (vLLM only) also loads the checkpoint with transformers on the same device and
 compares greedy tokens of the first K prompts with vLLM's; the first difference is reported with the
 transformers top-2 logit gap at that position (a near-tie either kernel may break its own way).
+`--hf-generate` also times transformers' own `model.generate` on the same checkpoint, prompts and groups
+(left-padded batch, greedy, the policy's stop ids as `eos_token_id`, KV cache on), each group one call, and
+reports our tokens/s over its at every batch size: the issue's "decode vs HF generate" ratio, side by side.
 `--build-random DIR` writes a randomly initialised checkpoint of `nanocomposer.model.DEFAULT_SIZES`
 (5.3M parameters) whose tokenizer is trained on this Python's standard library: for speed only (it writes
 nonsense and never stops early, so every turn runs to --max-new-tokens).
@@ -165,6 +168,30 @@ def measure(policy, prompts: list[list[int]], batches: list[int], max_batch_toke
     return rows
 
 
+def hf_generate_pass(policy, prompts: list[list[int]], batch: int) -> tuple[float, int]:
+    """(wall seconds, completion tokens) of transformers' `generate` over `prompts` in groups of `batch`.
+
+    A completion counts its tokens up to and including its first stop id, as our generator counts them."""
+    import torch
+
+    model, stops = policy.model, set(policy.stop_ids)
+    pad = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else 0
+    tokens, t0 = 0, time.perf_counter()
+    for start in range(0, len(prompts), batch):
+        group = prompts[start:start + batch]
+        width = max(map(len, group))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=model.device)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, use_cache=True,
+                                 max_new_tokens=policy.sampling.max_new_tokens, eos_token_id=sorted(stops),
+                                 pad_token_id=pad)
+        for row in out[:, width:].tolist():
+            stop_at = next((i for i, t in enumerate(row) if t in stops), None)
+            tokens += len(row) if stop_at is None else stop_at + 1
+    return time.perf_counter() - t0, tokens
+
+
 def prefill_seconds(policy, prompts: list[list[int]], max_batch_tokens: int | None) -> float:
     """Wall seconds of a one-at-a-time pass that generates a single token per prompt: the prefill's share."""
     import dataclasses
@@ -249,10 +276,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="vllm: compare greedy tokens with transformers on the first K prompts")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="benchmark a copy of the checkpoint converted to this dtype (written beside --json)")
+    parser.add_argument("--hf-generate", action="store_true",
+                        help="transformers backend: also time model.generate at each batch size (the baseline)")
     parser.add_argument("--json", type=Path, help="write the measurements here")
     args = parser.parse_args(argv)
     if args.prompts < 1 or args.max_new_tokens < 1:
         parser.error("--prompts and --max-new-tokens must be >= 1")
+    if args.hf_generate and args.backend != "transformers":
+        parser.error("--hf-generate times transformers' generate: use it with --backend transformers")
     if args.check_backends and args.backend != "vllm":
         parser.error("--check-backends compares vLLM with transformers: use it with --backend vllm")
 
@@ -281,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         params = sum(p.numel() for p in policy.model.parameters()) if policy.model is not None else None
         rows = measure(policy, prompts, args.batch, args.max_batch_tokens)
         prefill_s = prefill_seconds(policy, prompts, args.max_batch_tokens)
+        if args.hf_generate:
+            for row in rows:
+                wall, tokens = hf_generate_pass(policy, prompts, row["batch"])
+                row["hf_generate_tokens_per_s"] = round(tokens / wall, 2)
+                row["vs_hf_generate"] = round(row["tokens_per_s"] / row["hf_generate_tokens_per_s"], 2)
         report = {"checkpoint": str(args.checkpoint), "backend": args.backend, "parameters": params,
                   "device": str(policy.device) if policy.device is not None else "vllm",
                   "torch_threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,
@@ -305,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         decode = (rows[0]["wall_s"] - prefill_s) / max(r["wall_s"] - prefill_s, 1e-9)
         note = f"; decoding alone (wall minus that prefill) {decode:.2f}x" if args.backend == "transformers" else ""
         print(f"batch {r['batch']}: {r['speedup']:.2f}x the tokens/s of one at a time{note}")
+    for r in rows if args.hf_generate else ():
+        print(f"batch {r['batch']}: {r['tokens_per_s']:.1f} tokens/s vs transformers generate "
+              f"{r['hf_generate_tokens_per_s']:.1f}: {r['vs_hf_generate']:.2f}x")
     identity = report.get("backend_identity")
     if identity:
         print(f"vLLM vs transformers greedy tokens: {identity['identical']}/{identity['prompts']} identical")
