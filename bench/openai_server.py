@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.openai_server: error: llama-cpp-python[server] is not installed here (nor in ${LLAMA_ENV}); "
               "scripts/install_llamacpp.sh builds it", file=sys.stderr)
         return 2
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM stops the server it started, too
     server = LlamaServer(gguf, python=python, threads=args.threads, port=args.port, chat_format=args.chat_format)
     try:
         if args.serve_only:
