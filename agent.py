@@ -1,6 +1,6 @@
 """nanocomposer's self-hosted agent: the harness the model was trained in, pointed at your own repository.
 
-    python agent.py run --repo PATH [--model CKPT|oracle|replay:FILE] [--test-command CMD] "instruction"
+    python agent.py run --repo PATH [--model CKPT|oracle|replay:FILE|openai:MODEL@BASE_URL] [--test-command CMD] "instruction"
     python agent.py serve [--host 127.0.0.1] [--port 8765 | --unix PATH] [--workers 4] [--model SPEC] [--token TOKEN]
         [--temperature T] [--top-p P] [--seed S] [--max-new-tokens N] [--max-turns N]
     python agent.py sessions [--status S] [--export FILE.jsonl]

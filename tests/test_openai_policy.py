@@ -213,3 +213,40 @@ def test_policy_stream_returns_each_answer_when_it_is_in():
             got += [key for key, _ in stream.step()]
         policy.close()
     assert got == ["fast", "slow"]
+
+
+def test_the_registry_holds_an_endpoint_version(tmp_path):
+    from nanocomposer.agent.registry import Registry
+
+    registry = Registry(tmp_path / "registry")
+    spec = "openai:m@http://127.0.0.1:9/v1?mode=tools"
+    name = registry.ensure(spec)  # what `agent.py serve --model openai:...` does
+    assert name == "openai-m-127.0.0.1-9" and registry.current() == name and registry.spec(name) == spec
+
+
+def test_agent_server_sessions_played_by_an_endpoint(tmp_path):
+    """`agent.py serve --model openai:...`: the workers share the endpoint policy (SharedPolicy over its stream)."""
+    import time
+
+    from nanocomposer.agent.manager import ServerConfig, SessionManager
+    from nanocomposer.agent.registry import Registry
+    from nanocomposer.agent.store import TERMINAL, SessionStore
+
+    task = make_calc_task(tmp_path)
+    with FakeOpenAI(solver("tools")) as fake:
+        registry = Registry(tmp_path / "registry")
+        registry.ensure(f"openai:m@{fake.url}?mode=tools", "endpoint")
+        store = SessionStore(tmp_path / "sessions.db")
+        manager = SessionManager(store, registry, ServerConfig(workers=2, max_turns=4))
+        manager.start()
+        try:
+            ids = [manager.submit(task_dir=str(task.root)) for _ in range(2)]
+            deadline = time.monotonic() + 120
+            while any(store.session(i)["status"] not in TERMINAL for i in ids) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            manager.stop()
+    for i in ids:
+        s = store.session(i)
+        assert (s["status"], s["exit_status"], s["solved"], s["model_version"]) == ("finished", "submitted", 1, "endpoint")
+        assert [t["completion_tokens"] for t in store.turns(i)] == [7, 7]
