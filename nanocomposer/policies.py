@@ -93,7 +93,7 @@ def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto",
         return kind.build(spec, sampling)
     if not is_checkpoint_spec(spec):
         raise ValueError(f"policy {spec!r}: not a scripted policy ({', '.join(POLICIES)}, replay:FILE), "
-                         f"a checkpoint directory, a hub id or {' / '.join(k + '...' for k in KINDS)}")
+                         f"a checkpoint directory or a hub id (or {' / '.join(k + '...' for k in KINDS)})")
     from nanocomposer.policy import ModelPolicy, SamplingConfig  # lazy: scripted evals need no torch
 
     return ModelPolicy(spec, sampling=SamplingConfig(**{k: v for k, v in (sampling or {}).items()
