@@ -22,8 +22,10 @@ $(STAMP): requirements.txt Makefile
 
 install: $(STAMP)
 
+# The whole pipeline on the pretrained base (SmolLM2-135M-Instruct); `bash runs/tiny.sh` is the from-scratch
+# tiny model's (the fast path and the "no pretraining" arm).
 demo: $(STAMP)
-	bash runs/tiny.sh
+	bash runs/smol.sh
 
 data: $(STAMP)
 	bash runs/data.sh

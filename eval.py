@@ -5,7 +5,7 @@
     python eval.py --tasks factory:test --policy runs/demo/rl --samples 4 --temperature 0.8 --output rl.json
     python eval.py --tasks factory:test humaneval:40 --compare runs/demo/cpt runs/demo/sft runs/demo/rl \\
         --out-dir runs/demo/eval --wandb --run demo
-    python eval.py --config recipes/tiny/eval.yaml --policy runs/demo/sft --output sft.json   # flags override
+    python eval.py --config recipes/smol/eval.yaml --policy runs/demo/sft --output sft.json   # flags override
     python eval.py ... --resume                # continue a killed run from its episodes file
 
 Task sets (env/task_sets.py): `samples`, `factory:<split>[/<family>][/<tier>]`, `humaneval[:N]` (external:

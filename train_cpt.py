@@ -1,6 +1,7 @@
 """Stage 1: continued pretraining (CPT) of a base model on the packed code corpus.
 
-    python train_cpt.py --config recipes/tiny/cpt.yaml --run demo                 # CPU, embedded model
+    python train_cpt.py --config recipes/smol/cpt.yaml --run demo                 # CPU, SmolLM2-135M (default)
+    python train_cpt.py --config recipes/tiny/cpt.yaml --run demo                 # CPU, the from-scratch tiny model
     python train_cpt.py --config recipes/gpu/cpt.yaml --run r1                    # one GPU, Qwen2.5-Coder-0.5B
     python train_cpt.py --config recipes/tiny/cpt.yaml --run demo --resume        # continue after a crash
     python train_cpt.py --config recipes/tiny/cpt.yaml --max_steps 50 --report_to none   # CLI beats YAML

@@ -1,6 +1,7 @@
 """Stage 2: tool-call SFT on harness trajectories, then a short check of the model in the harness.
 
-    python train_sft.py --config recipes/tiny/sft.yaml --run demo                 # starts from runs/demo/cpt
+    python train_sft.py --config recipes/smol/sft.yaml --run demo                 # starts from runs/demo/cpt
+    python train_sft.py --config recipes/tiny/sft.yaml --run demo                 # the tiny preset
     python train_sft.py --config recipes/gpu/sft.yaml --run r1                    # Qwen2.5-Coder-1.5B-Instruct + LoRA
     python train_sft.py --config recipes/tiny/sft.yaml --run demo --check_tasks artifacts/data/tasks/val --check_limit 8
     python train_sft.py --config recipes/tiny/sft.yaml --run demo --harness_eval_tasks factory:val/ladder

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole pipeline on a CPU with the embedded tiny model: what `make demo` runs.
+# The whole pipeline on a CPU with the tiny model trained from random weights (5.3 M parameters): the fast
+# path, and the "no pretraining" arm of ablations. `make demo` runs runs/smol.sh, on the pretrained base.
 # Every stage reads the previous stage's output from runs/$RUN/ and artifacts/.
 #   bash runs/tiny.sh              # RUN=tiny-<date-time>
 #   RUN=abl1 bash runs/tiny.sh     # another run; compare them in W&B (group = RUN)
