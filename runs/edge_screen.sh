@@ -6,14 +6,15 @@
 #   bash runs/edge_screen.sh runs/long/sft artifacts/ladder/tasks/train 180 runs/long/edge
 #   -> runs/long/edge/{greedy,results}.json, their episodes, and runs/long/edge/tasks (+ manifest.json)
 # Exit status 3: the screen ran but no task is at the edge (nothing written to OUT/tasks); any other failure
-# is the failing command's own status.
+# is the failing command's own status. Env: EVAL_CONFIG, the eval recipe whose budgets the screen plays under
+# (default recipes/tiny_long/eval.yaml; runs/smol_long.sh passes recipes/smol/eval.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 if [ $# -ne 4 ]; then echo "usage: $0 POLICY TASKS N OUT" >&2; exit 2; fi
 policy=$1 tasks=$2 limit=$3 out=$4
 mkdir -p "$out"  # eval.py refuses an --output whose directory does not exist (a typo guard)
-screen=(eval.py --config recipes/tiny_long/eval.yaml --policy "$policy" --tasks "$tasks" --limit "$limit"
+screen=(eval.py --config "${EVAL_CONFIG:-recipes/tiny_long/eval.yaml}" --policy "$policy" --tasks "$tasks" --limit "$limit"
         --max-wall-s 120 --resume --quiet)
 $PY "${screen[@]}" --output "$out/greedy.json"
 $PY "${screen[@]}" --samples 4 --temperature 1 --output "$out/results.json"

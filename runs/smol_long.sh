@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The headline pipeline on the pretrained base (SmolLM2-135M-Instruct) on a CPU: the task ladder, SFT for
+# longer than the demo, GRPO at the edge of competence, SFT vs RL on 300 held-out ladder tasks (test split,
+# 50 per rung). Not yet timed end to end; the stage estimates below are from the demo's measured rates
+# (SFT 14 s a step, eval 9.6 s an episode at 16 workers, 2 unloaded cores; docs/log.md 2026-12-03).
+#   bash runs/smol_long.sh                        # RUN=smol-long-<date-time>
+#   RUN=sl1 SKIP_DATA=1 bash runs/smol_long.sh    # reuse artifacts/smol_ladder and the code mix
+# Env: SFT_STEPS (default 120, ~28 min), RL_STEPS (default 8, ~16 min), EVAL_LIMIT (held-out ladder tasks
+# per model, spread over the rungs; default 300, ~48 min a model), EDGE_TASKS (train tasks screened before
+# RL; default 48).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+RUN=${RUN:-smol-long-$(date +%Y%m%d-%H%M%S)}
+SFT_STEPS=${SFT_STEPS:-120} RL_STEPS=${RL_STEPS:-8} EVAL_LIMIT=${EVAL_LIMIT:-300} EDGE_TASKS=${EDGE_TASKS:-48}
+LADDER=artifacts/smol_ladder
+export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false NANOCOMPOSER_PROGRESS=${NANOCOMPOSER_PROGRESS:-1}
+source runs/stages.sh
+
+stage base "base: SmolLM2-135M-Instruct converted from the installed GGUF -> artifacts/base (once)"
+$PY -m nanocomposer.model build --out artifacts/base
+
+if [ -z "${SKIP_DATA:-}" ]; then
+  stage corpus "data: the code mix (CPT)"
+  $PY -m data.build_corpus --out artifacts/data/corpus --max-chars 4000000 --seed 0 --overwrite
+  stage tasks "data: the task ladder (100 per rung in train, 50 per rung in val and test), each task graded as given (must fail) and with its gold solution (must pass)"
+  $PY -m data.build_tasks --out "$LADDER/tasks" --ladder 100 --ladder-held-out 50 --ladder-only --seed 0 \
+    --workers 2 --overwrite
+  stage oracle "data: oracle trajectories of the train tasks under the smol budgets (the SFT data)"
+  $PY -m data.build_sft --tasks "$LADDER/tasks" --out "$LADDER/sft" --variants 1 --val-tasks 24 --seed 0 \
+    --workers 2 --budget recipes/smol/budget.yaml --verify-template artifacts/base --overwrite
+fi
+
+stage cpt "1. continued pretraining on the code mix -> runs/$RUN/cpt"
+$PY train_cpt.py --config recipes/smol/cpt.yaml --run "$RUN"
+
+stage sft "2. SFT on the ladder ($SFT_STEPS steps) -> runs/$RUN/sft"
+$PY train_sft.py --config recipes/smol/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt" \
+  --dataset_path "$LADDER/sft/dataset" --max_steps "$SFT_STEPS" --check_tasks "$LADDER/tasks/val"
+
+stage edge "3a. the SFT model on $EDGE_TASKS train tasks, greedy and 4 samples at temperature 1"
+status=0
+EVAL_CONFIG=recipes/smol/eval.yaml PY=$PY bash runs/edge_screen.sh "runs/$RUN/sft" "$LADDER/tasks/train" \
+  "$EDGE_TASKS" "runs/$RUN/edge" || status=$?
+if [ "$status" = 3 ]; then
+  echo "no train task at the edge of runs/$RUN/sft: GRPO has no signal; screen more (EDGE_TASKS=$EDGE_TASKS)" >&2
+fi
+[ "$status" = 0 ] || exit "$status"
+
+stage rl "3b. GRPO on the tasks at the edge of competence ($RL_STEPS steps) -> runs/$RUN/rl"
+$PY train_rl.py --config recipes/smol/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft" \
+  --tasks_dir "runs/$RUN/edge/tasks" --max_steps "$RL_STEPS"
+
+stage eval "4. eval: SFT vs RL on $EVAL_LIMIT held-out ladder tasks (test split)"
+$PY eval.py --config recipes/smol/eval.yaml --tasks "$LADDER/tasks/test" --compare "runs/$RUN/sft" "runs/$RUN/rl" \
+  --limit "$EVAL_LIMIT" --out-dir "runs/$RUN/eval" --run "$RUN" --wandb
+stages_done; echo "report: runs/$RUN/eval/compare.md"
+cat "runs/$RUN/eval/compare.md"
