@@ -34,9 +34,11 @@ data: $(STAMP)
 # (a built model, a dry run) are made once; most tests wait on subprocesses, sandboxes and servers, so 2
 # processes on 2 cores take about half the time of one.
 TEST_WORKERS ?= 2
+# Extra pytest flags, e.g. PYTEST_ARGS=--durations=40 (the slowest tests) or PYTEST_ARGS='-k sandbox'.
+PYTEST_ARGS ?=
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-sandbox-user
 
 # The sandbox promises different things to root and to a normal user (env/sandbox.py docstring), so its
