@@ -7,12 +7,15 @@
 #   RUN=sl1 SKIP_DATA=1 bash runs/smol_long.sh    # reuse artifacts/smol_ladder and the code mix
 # Env: SFT_STEPS (default 120, ~28 min), RL_STEPS (default 8, ~16 min), EVAL_LIMIT (held-out ladder tasks
 # per model, spread over the rungs; default 300, ~48 min a model), EDGE_TASKS (train tasks screened before
-# RL; default 48).
+# RL; default 48), EVAL_WORKERS (episodes at once in eval; default 16, the recipe's).
+# The SFT model is evaluated right after SFT, so its figure is on disk before RL starts; the last stage compares
+# SFT and RL with --resume, which reuses those episodes and plays only RL's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUN=${RUN:-smol-long-$(date +%Y%m%d-%H%M%S)}
 SFT_STEPS=${SFT_STEPS:-120} RL_STEPS=${RL_STEPS:-8} EVAL_LIMIT=${EVAL_LIMIT:-300} EDGE_TASKS=${EDGE_TASKS:-48}
+EVAL_WORKERS=${EVAL_WORKERS:-16}
 LADDER=artifacts/smol_ladder
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false NANOCOMPOSER_PROGRESS=${NANOCOMPOSER_PROGRESS:-1}
 source runs/stages.sh
@@ -38,6 +41,11 @@ stage sft "2. SFT on the ladder ($SFT_STEPS steps) -> runs/$RUN/sft"
 $PY train_sft.py --config recipes/smol/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt" \
   --dataset_path "$LADDER/sft/dataset" --max_steps "$SFT_STEPS" --check_tasks "$LADDER/tasks/val"
 
+stage eval_sft "2b. eval: the SFT model on $EVAL_LIMIT held-out ladder tasks (test split)"
+# Written where the comparison below looks for it (eval.py --compare: <out-dir>/<slug of run/sft>/results.json).
+$PY eval.py --config recipes/smol/eval.yaml --tasks "$LADDER/tasks/test" --policy "runs/$RUN/sft" \
+  --limit "$EVAL_LIMIT" --workers "$EVAL_WORKERS" --output "runs/$RUN/eval/${RUN//\//__}__sft/results.json" --resume
+
 stage edge "3a. the SFT model on $EDGE_TASKS train tasks, greedy and 4 samples at temperature 1"
 status=0
 EVAL_CONFIG=recipes/smol/eval.yaml PY=$PY bash runs/edge_screen.sh "runs/$RUN/sft" "$LADDER/tasks/train" \
@@ -51,8 +59,8 @@ stage rl "3b. GRPO on the tasks at the edge of competence ($RL_STEPS steps) -> r
 $PY train_rl.py --config recipes/smol/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft" \
   --tasks_dir "runs/$RUN/edge/tasks" --max_steps "$RL_STEPS"
 
-stage eval "4. eval: SFT vs RL on $EVAL_LIMIT held-out ladder tasks (test split)"
+stage eval "4. eval: SFT vs RL on $EVAL_LIMIT held-out ladder tasks (test split; SFT's episodes reused)"
 $PY eval.py --config recipes/smol/eval.yaml --tasks "$LADDER/tasks/test" --compare "runs/$RUN/sft" "runs/$RUN/rl" \
-  --limit "$EVAL_LIMIT" --out-dir "runs/$RUN/eval" --run "$RUN" --wandb
+  --limit "$EVAL_LIMIT" --workers "$EVAL_WORKERS" --out-dir "runs/$RUN/eval" --run "$RUN" --wandb --resume
 stages_done; echo "report: runs/$RUN/eval/compare.md"
 cat "runs/$RUN/eval/compare.md"
