@@ -43,6 +43,7 @@ $PY train_sft.py --config recipes/smol/sft.yaml --run "$RUN" --model_name_or_pat
 
 stage eval_sft "2b. eval: the SFT model on $EVAL_LIMIT held-out ladder tasks (test split)"
 # Written where the comparison below looks for it (eval.py --compare: <out-dir>/<slug of run/sft>/results.json).
+mkdir -p "runs/$RUN/eval/${RUN//\//__}__sft"
 $PY eval.py --config recipes/smol/eval.yaml --tasks "$LADDER/tasks/test" --policy "runs/$RUN/sft" \
   --limit "$EVAL_LIMIT" --workers "$EVAL_WORKERS" --output "runs/$RUN/eval/${RUN//\//__}__sft/results.json" --resume
 
