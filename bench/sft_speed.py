@@ -26,10 +26,12 @@ import time
 
 
 def build_trainers(config: str, model: str | None, dataset: str | None, rows: int, out: str):
+    import torch
     from trl import ModelConfig, SFTConfig, SFTTrainer
 
     from nanocomposer.common import load_model, load_splits, load_tokenizer, peft_config
     from nanocomposer.config import RecipeParser, SFTScriptArguments
+    from nanocomposer.dtypes import resolve_dtype
     from nanocomposer.sft_loss import sft_trainer_class
 
     flags = ["--config", config, "--output_dir", out, "--report_to", "none", "--run", "bench-sft-speed"]
@@ -47,7 +49,8 @@ def build_trainers(config: str, model: str | None, dataset: str | None, rows: in
     plain_model_args = ModelConfig(model_name_or_path=model_args.model_name_or_path, dtype="float32")
     plain = SFTTrainer(model=load_model(plain_model_args, training_args), args=training_args, train_dataset=data,
                        processing_class=tokenizer)
-    settings = {"trainer": recipe_cls.__name__, "dtype": str(model_args.dtype), "use_peft": model_args.use_peft,
+    device = "cpu" if getattr(training_args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
+    settings = {"trainer": recipe_cls.__name__, "dtype": str(resolve_dtype(model_args.dtype, device)).removeprefix("torch."), "use_peft": model_args.use_peft,
                 "lora_r": model_args.lora_r if model_args.use_peft else None, "max_length": training_args.max_length,
                 "model": model_args.model_name_or_path, "dataset": script_args.dataset_path}
     return {"recipe": recipe, "plain": plain}, settings

@@ -25,6 +25,7 @@ import torch
 import yaml
 
 from nanocomposer.config import ConfigError, RecipeParser
+from nanocomposer.dtypes import native_bf16, resolve_dtype
 from nanocomposer.policy import TOKENIZER_FILES, WEIGHT_FILES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -379,7 +380,7 @@ def load_tokenizer(model_name_or_path: str):
 
 
 def load_model(model_args, training_args):
-    """`AutoModelForCausalLM` in the recipe's dtype (fp32 unless `dtype` is set) with the KV cache off.
+    """`AutoModelForCausalLM` in the recipe's dtype (fp32 unless set; `auto`: nanocomposer.dtypes) with the KV cache off.
 
     The cache must be off while training: when the model builds a cache it skips transformers' packed-
     sequence detection (masking_utils only looks at `position_ids` with no cache and no attention mask),
@@ -387,9 +388,11 @@ def load_model(model_args, training_args):
     """
     from transformers import AutoModelForCausalLM
 
-    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else torch.float32
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+    device = "cuda" if torch.cuda.is_available() and not getattr(training_args, "use_cpu", False) else "cpu"
+    dtype = resolve_dtype(model_args.dtype, device)
+    if model_args.dtype == "auto":
+        print0(f"dtype auto -> {str(dtype).removeprefix('torch.')} "
+               f"({'native' if native_bf16(device) else 'no native'} bf16 on this {device})")
     where = f"model_name_or_path {model_args.model_name_or_path}"
     try:
         model, info = AutoModelForCausalLM.from_pretrained(

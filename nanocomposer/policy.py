@@ -64,6 +64,7 @@ from pathlib import Path
 import torch
 
 from env.episode import Generation, TurnRequest
+from nanocomposer.dtypes import native_bf16
 from nanocomposer.generation import (
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_PREFIX_CACHE_POSITIONS,
@@ -167,7 +168,10 @@ def _load_weights(path: Path, where: str, device: str):
     from transformers import AutoModelForCausalLM
 
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+        # The checkpoint's own dtype, except a bf16/fp16 one on a CPU without bf16 arithmetic, where emulated
+        # half precision decodes many times slower than fp32 (nanocomposer.dtypes): upcast, which loses nothing.
+        dtype = "auto" if str(device).startswith("cuda") or native_bf16(device) else torch.float32
+        model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, dtype=dtype)
     except Exception as e:  # corrupt safetensors, unknown architecture, shape errors: all name the path
         raise ModelLoadError(f"{where}: weights failed to load: {type(e).__name__}: {e}") from e
     # transformers initialises missing weights at random and only logs it: an eval of that is garbage.
