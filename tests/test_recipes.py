@@ -91,7 +91,7 @@ def test_a_recipe_value_of_the_wrong_type_names_file_key_and_type(tmp_path, caps
                           ("vllm_mode: on\n", "vllm_mode True: must be a string, not a boolean"),
                           ("use_peft: maybe\n", "use_peft 'maybe': must be a boolean"),
                           ("reward_weights: [1.0, heavy]\n", "reward_weights [1.0, 'heavy']: must be a list of numbers"),
-                          ("max_turns: -1\n", "max_turns -1: must be at least 1"),
+                          ("max_turns: -1\n", "max_turns -1: must be an integer >= 1"),  # env.budget.Budget's check
                           ("learning_rate: null\n", "learning_rate None: must be a number, not null")]:
         recipe.write_text(text)
         with pytest.raises(SystemExit) as exit_info:
