@@ -262,22 +262,29 @@ def cmd_run(args) -> int:
         result.cleanup()
 
 
-def cmd_serve(args) -> int:
-    try:
-        budget = _budget(args, args.session_timeout_s, "--session-timeout-s")
-    except ValueError as e:
-        return fail(str(e))
+def server_config(args):
+    """The server's nanocomposer.agent.manager.ServerConfig from `serve`'s flags: its sessions play under the
+    whole Budget the flags describe; a bad flag is a ValueError naming it (before the server's imports)."""
+    budget = _budget(args, args.session_timeout_s, "--session-timeout-s")
     for flag, value in (("--workers", args.workers), ("--max-queue", args.max_queue)):
         if value < 1:
-            return fail(f"{flag} {value}: must be at least 1")
+            raise ValueError(f"{flag} {value}: must be at least 1")
     if not args.answer_timeout_s >= 0:
-        return fail(f"--answer-timeout-s {args.answer_timeout_s}: must be >= 0 seconds")
+        raise ValueError(f"--answer-timeout-s {args.answer_timeout_s}: must be >= 0 seconds")
     from nanocomposer.agent.manager import ServerConfig  # after the checks: bad flags fail before the imports
+
+    return ServerConfig.from_budget(budget, workers=args.workers, max_queue=args.max_queue,
+                                    answer_timeout_s=args.answer_timeout_s, backend=args.backend)
+
+
+def cmd_serve(args) -> int:
+    try:
+        config = server_config(args)
+    except ValueError as e:
+        return fail(str(e))
     from nanocomposer.agent.registry import RegistryError
     from nanocomposer.agent.serve import serve
 
-    config = ServerConfig.from_budget(budget, workers=args.workers, max_queue=args.max_queue,
-                                      answer_timeout_s=args.answer_timeout_s, backend=args.backend)
     try:
         serve(host=args.host, port=args.port, token=args.token, db=args.db, registry=args.registry, config=config,
               model=args.model, version=args.version, unix=args.unix)
