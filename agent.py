@@ -2,7 +2,7 @@
 
     python agent.py run --repo PATH [--model CKPT|oracle|replay:FILE|openai:MODEL@BASE_URL] [--test-command CMD] "instruction"
     python agent.py serve [--host 127.0.0.1] [--port 8765 | --unix PATH] [--workers 4] [--model SPEC] [--token TOKEN]
-        [--temperature T] [--top-p P] [--seed S] [--max-new-tokens N] [--max-turns N]
+        [--temperature T] [--top-p P] [--seed S] [--max-new-tokens N] [--max-turns N] [--session-timeout-s S] ...
     python agent.py sessions [--status S] [--export FILE.jsonl]
     python agent.py registry {list | add NAME SPEC | promote NAME}
 
@@ -13,8 +13,10 @@ nothing changed) if a file it would touch changed in the repository meanwhile. `
 behind a local HTTP API (nanocomposer/agent/api.py) with every session logged to SQLite for real-time RL.
 Nothing leaves the machine: the model runs locally and tool commands run in the sandbox with no network.
 
-Budgets and sampling settings default to env/budget.py's `Budget` (the one source of their defaults) and are
-checked by it: a bad value exits 2 with one line naming the flag. A checkpoint samples each turn with a seed
+Budgets and sampling settings are every field of env/budget.py's `Budget`, one flag each (the wall clock is `run
+--max-wall-s` and `serve --session-timeout-s`), default to its values (the one source of their defaults) and are
+checked by it: a bad value exits 2 with one line naming the flag. realtime_rl.py starts `serve` with its
+preset's budget (recipes/<preset>/budget.yaml), so served sessions play under the budget the model trained with. A checkpoint samples each turn with a seed
 derived from `--seed`, the episode key and the turn (nanocomposer/policy.py): `run` keys its one episode by the
 repository's name (same seed, repository name and conversation: the same sample); `serve` keys a session by its
 `sample_key` (else its id; nanocomposer/agent/manager.py).
@@ -44,8 +46,19 @@ def _episode_args(p: argparse.ArgumentParser) -> None:
     # Defaults come from env/budget.py's Budget (the one source of budgets and sampling settings); the flags
     # are checked by Budget too (`_budget`), so a bad value is the same one-line error here as in every stage.
     p.add_argument("--max-turns", type=int, default=Budget.max_turns, help="turns per session (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=Budget.max_tokens,
+                   help="completion tokens per session, checkpoint policies (default: no cap)")
     p.add_argument("--max-new-tokens", type=int, default=Budget.max_new_tokens,
                    help="tokens generated per turn, checkpoint policies (default: %(default)s)")
+    p.add_argument("--max-context", type=int, default=Budget.max_context,
+                   help="context window in tokens, checkpoint policies (default: the model's)")
+    p.add_argument("--max-malformed-turns", type=int, default=Budget.max_malformed_turns,
+                   help="consecutive turns with malformed calls (and no valid one) that end the session "
+                        "(default: %(default)s)")
+    p.add_argument("--max-output-chars", type=int, default=Budget.max_output_chars,
+                   help="characters per tool result shown to the model, head and tail kept (default: %(default)s)")
+    p.add_argument("--command-timeout-s", type=float, default=Budget.command_timeout_s,
+                   help="seconds per sandboxed command (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=Budget.temperature,
                    help="sampling temperature, checkpoint policies; 0 = greedy (default: %(default)s)")
     p.add_argument("--top-p", type=float, default=Budget.top_p,
@@ -59,20 +72,24 @@ def _episode_args(p: argparse.ArgumentParser) -> None:
                    help="model registry (versions/<name>/ + current); the default model is its current version")
 
 
-# Budget keys -> the flags that set them, so a bad value's error names the flag the user typed.
-BUDGET_FLAGS = {"max_turns": "--max-turns", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
-                "top_p": "--top-p", "seed": "--seed"}
+# Budget keys -> the flags that set them (every field of Budget; the wall clock's flag is the subcommand's), so a
+# bad value's error names the flag the user typed.
+BUDGET_FLAGS = {"max_turns": "--max-turns", "max_tokens": "--max-tokens", "max_new_tokens": "--max-new-tokens",
+                "max_context": "--max-context", "max_malformed_turns": "--max-malformed-turns",
+                "max_output_chars": "--max-output-chars", "command_timeout_s": "--command-timeout-s",
+                "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed"}
 
 
 def _budget(args, wall_s: float, wall_flag: str) -> Budget:
     """The Budget the flags describe, validated by Budget; a bad value is a ValueError naming its flag."""
     flags = {**BUDGET_FLAGS, "max_wall_s": wall_flag}
     try:
-        return Budget(max_turns=args.max_turns, max_wall_s=wall_s, max_new_tokens=args.max_new_tokens,
-                      temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+        return Budget(max_wall_s=wall_s, **{key: getattr(args, flag[2:].replace("-", "_"))
+                                            for key, flag in BUDGET_FLAGS.items()})
     except BudgetError as e:  # "budget: top_p=1.5: must be in (0, 1]"
-        key, _, rest = str(e).partition(": ")[2].partition("=")
-        raise ValueError(f"{flags[key]} {rest}" if key in flags else str(e)) from None
+        if e.key in flags:
+            raise ValueError(f"{flags[e.key]} {e.value!r}: {e.problem}") from None
+        raise ValueError(str(e)) from None
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -245,23 +262,29 @@ def cmd_run(args) -> int:
         result.cleanup()
 
 
-def cmd_serve(args) -> int:
-    try:
-        budget = _budget(args, args.session_timeout_s, "--session-timeout-s")
-    except ValueError as e:
-        return fail(str(e))
+def server_config(args):
+    """The server's nanocomposer.agent.manager.ServerConfig from `serve`'s flags: its sessions play under the
+    whole Budget the flags describe; a bad flag is a ValueError naming it (before the server's imports)."""
+    budget = _budget(args, args.session_timeout_s, "--session-timeout-s")
     for flag, value in (("--workers", args.workers), ("--max-queue", args.max_queue)):
         if value < 1:
-            return fail(f"{flag} {value}: must be at least 1")
+            raise ValueError(f"{flag} {value}: must be at least 1")
     if not args.answer_timeout_s >= 0:
-        return fail(f"--answer-timeout-s {args.answer_timeout_s}: must be >= 0 seconds")
+        raise ValueError(f"--answer-timeout-s {args.answer_timeout_s}: must be >= 0 seconds")
     from nanocomposer.agent.manager import ServerConfig  # after the checks: bad flags fail before the imports
+
+    return ServerConfig.from_budget(budget, workers=args.workers, max_queue=args.max_queue,
+                                    answer_timeout_s=args.answer_timeout_s, backend=args.backend)
+
+
+def cmd_serve(args) -> int:
+    try:
+        config = server_config(args)
+    except ValueError as e:
+        return fail(str(e))
     from nanocomposer.agent.registry import RegistryError
     from nanocomposer.agent.serve import serve
 
-    config = ServerConfig(workers=args.workers, max_queue=args.max_queue, session_timeout_s=budget.max_wall_s,
-                          answer_timeout_s=args.answer_timeout_s, max_turns=budget.max_turns, backend=args.backend,
-                          sampling=budget.sampling())
     try:
         serve(host=args.host, port=args.port, token=args.token, db=args.db, registry=args.registry, config=config,
               model=args.model, version=args.version, unix=args.unix)

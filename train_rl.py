@@ -29,7 +29,7 @@ import time
 
 from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
-from env.budget import Budget, BudgetError
+from env.budget import Budget
 from env.episode import EpisodeConfig
 from env.tasks import TaskError
 from nanocomposer.common import (
@@ -46,7 +46,14 @@ from nanocomposer.common import (
     start_stage_run,
     write_model_card,
 )
-from nanocomposer.config import ConfigError, RecipeParser, RLScriptArguments, recipe_reward_funcs
+from nanocomposer.config import (
+    ArgumentError,
+    ConfigError,
+    RecipeParser,
+    RLScriptArguments,
+    budget_from_arguments,
+    recipe_reward_funcs,
+)
 from nanocomposer.policy import SamplingConfig
 from nanocomposer.rollout import (
     AgentRollout,
@@ -126,14 +133,12 @@ def check_arguments(script_args: RLScriptArguments, training_args: GRPOConfig) -
 
 
 def rollout_budget(script_args: RLScriptArguments, training_args: GRPOConfig) -> Budget:
-    """The episode budgets and sampling from the recipe, as the env.budget.Budget eval.py takes."""
+    """The episode budgets from the recipe (the preset's budget.yaml) and the trainer's sampling, as the
+    env.budget.Budget eval.py takes."""
     try:
-        return Budget(max_turns=script_args.max_turns, max_tokens=script_args.max_episode_tokens,
-                      max_wall_s=script_args.max_wall_s, max_output_chars=script_args.max_output_chars,
-                      command_timeout_s=script_args.command_timeout_s, max_new_tokens=script_args.max_new_tokens,
-                      temperature=training_args.temperature, top_p=training_args.top_p, seed=training_args.seed,
-                      max_context=script_args.max_context)
-    except BudgetError as e:
+        return budget_from_arguments(script_args, temperature=training_args.temperature, top_p=training_args.top_p,
+                                     seed=training_args.seed)
+    except ArgumentError as e:
         raise ConfigError(str(e)) from None
 
 

@@ -17,8 +17,8 @@ Sequences longer than `max_length` are truncated (keep_start); how many, and how
 that costs, is measured and printed before training, logged to W&B and written to the model card.
 
 The check (`--check_tasks`): the saved model runs as a policy (nanocomposer.policies.run_policy, through
-env.runner.run_tasks like eval.py) on the tasks with `check_max_turns` x `check_max_new_tokens` (greedy; the
-recipes set RL's and eval's budgets); tool-call validity (share of assistant turns whose calls all
+env.runner.run_tasks like eval.py) on the tasks under the check's budget, the `check_*` arguments (greedy; the
+preset's budget.yaml sets them, the same file RL and eval read); tool-call validity (share of assistant turns whose calls all
 parse and validate), solve rate and mean turns go to W&B, check.json and the model card. The stage exits
 non-zero if the model never emits a valid tool call.
 
@@ -129,7 +129,7 @@ def truncation_report(dataset, tokenizer, max_length: int | None, desc: str) -> 
 
 def harness_check(model_dir: Path, tasks: list, script_args: SFTScriptArguments) -> tuple[dict, list[dict]]:
     """(metrics, episode records): the saved model as a policy on `tasks` through env.runner.run_tasks, with the
-    check's Budget (the recipes give it RL's and eval's turn and token budgets), greedy; tool-call validity,
+    check's Budget (the preset's budget.yaml, as RL and eval read it), greedy; tool-call validity,
     solve rate, mean turns."""
     from env.episode import EpisodeConfig
     from env.metrics import summarize

@@ -1,13 +1,15 @@
 """Real-time RL measurements: the live A/B of two versions, and the per-cycle behaviour of loops (the hacks).
 
     python -m bench.realtime ab --a runs/rt/realtime/registry/versions/v0 --b runs/rt/realtime/registry/versions/v5 \\
-        --tasks factory:val --sessions 400 --recipe recipes/tiny/users.yaml --out runs/rt/ab
+        --tasks factory:val --sessions 400 --recipe recipes/tiny/users.yaml --budget recipes/tiny/budget.yaml \\
+        --out runs/rt/ab
     python -m bench.realtime cycles runs/rt runs/rt-hack1 runs/rt-hack2 --out runs/rt/cycles.md
     python -m bench.realtime behaviours runs/rt-hack2 [--config recipes/tiny/realtime.yaml --ask_user_handling free ...]
 
 `ab`: each arm is its own `agent.py serve` (own registry and database) facing the same simulated users: the
 same population seed and task draw, and the same server `--seed`, so conversation i of arm A and of arm B is
-the same user with the same task and the same sampling seeds (paired). The tasks are the traffic set's beyond
+the same user with the same task and the same sampling seeds (paired), under the loop's episode budget
+(`--budget`, the preset's budget.yaml; flags override it). The tasks are the traffic set's beyond
 the loop's training range (nanocomposer/realtime/traffic.py: [K, end) with K = `--traffic-task-limit`, the
 loop's `traffic_task_limit`, same default), so no arm is measured on a task a cycle trained on; ab.json
 records the range. Arms run one after the other on the same machine (same load for both). Per conversation: the
@@ -61,6 +63,17 @@ def conversations(db: Path) -> dict[str, dict]:
                      "latency_s": float(wall)} for sid, client, wall in sessions}
 
 
+def arm_budget(args):
+    """Both arms' env.budget.Budget: the loop's budget file (`--budget`), the flags given overriding it, sampled at
+    `--temperature` with the server seed `--seed`."""
+    from env.budget import Budget, load_budget_file
+
+    values = load_budget_file(args.budget) if args.budget and args.budget != "none" else {}
+    flags = {"max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens, "max_wall_s": args.session_timeout_s}
+    values.update({key: value for key, value in flags.items() if value is not None})
+    return Budget(**values, temperature=args.temperature, seed=args.seed)
+
+
 def play_arm(spec: str, out: Path, args, draw: dict) -> dict:
     from nanocomposer.agent.registry import Registry
     from nanocomposer.realtime.server import AgentServer, run_users
@@ -68,14 +81,14 @@ def play_arm(spec: str, out: Path, args, draw: dict) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     registry = Registry(out / "registry")
     registry.ensure(spec, "arm")
-    server = AgentServer(registry.root, out / "sessions.db", workers=args.workers, max_turns=args.max_turns,
-                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                         session_timeout_s=args.session_timeout_s, backend=args.backend, log=out / "server.log")
+    budget = arm_budget(args)
+    server = AgentServer(registry.root, out / "sessions.db", workers=args.workers, budget=budget,
+                         backend=args.backend, log=out / "server.log")
     try:
         report = run_users(server.url, args.tasks, args.sessions, recipe=args.recipe, seed=args.seed,
                            offset=draw["offset"], task_limit=draw["task_limit"], start=0, report=out / "users.json",
                            log=out / "users.log", token=server.token)
-        server.wait_idle(args.session_timeout_s + 60)
+        server.wait_idle(budget.max_wall_s + 60)
     finally:
         server.stop()
     return {"spec": spec, "users": {k: v for k, v in report.items() if k not in ("latencies", "accepted_ids")},
@@ -302,10 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     ab.add_argument("--seed", type=int, default=12345,
                     help="population seed and server --seed, the same for both arms")
     ab.add_argument("--workers", type=int, default=2)
-    ab.add_argument("--max-turns", type=int, default=8)
-    ab.add_argument("--max-new-tokens", type=int, default=128)
+    ab.add_argument("--budget", default="recipes/tiny/budget.yaml",
+                    help="the loop's budget file (its preset's recipes/<preset>/budget.yaml): the sessions' episode "
+                         "budget; `none`: env.budget.Budget's defaults")
+    ab.add_argument("--max-turns", type=int, default=None, help="override the budget file's max_turns")
+    ab.add_argument("--max-new-tokens", type=int, default=None, help="override the budget file's max_new_tokens")
     ab.add_argument("--temperature", type=float, default=1.0, help="as served in the loop")
-    ab.add_argument("--session-timeout-s", type=float, default=120.0)
+    ab.add_argument("--session-timeout-s", type=float, default=None, help="override the budget file's max_wall_s")
     ab.add_argument("--backend", default="auto", choices=("auto", "transformers", "vllm"))
     ab.add_argument("--out", required=True)
     cycles = sub.add_parser("cycles", help="per-cycle live behaviour of loops (e.g. the two hack runs)")
@@ -322,6 +338,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--sessions must be at least 1")
     if args.command == "ab" and args.seed < 0:
         p.error("--seed must be >= 0")
+    if args.command == "ab":
+        from env.budget import BudgetError
+
+        try:
+            arm_budget(args)
+        except BudgetError as e:
+            p.error(str(e))
     return {"ab": cmd_ab, "cycles": cmd_cycles, "behaviours": cmd_behaviours}[args.command](args)
 
 

@@ -36,12 +36,17 @@ MIN_OUTPUT_CHARS = 200  # below this a tool result cannot even hold a short trac
 
 
 class BudgetError(ValueError):
-    """A budget value that cannot be used; the message names the key and the value."""
+    """A budget value that cannot be used; the message names the key and the value. `key`, `value` and
+    `problem` (None for a file-level error) let a caller name its own flag or argument instead."""
+
+    def __init__(self, message: str, key: str | None = None, value=None, problem: str | None = None):
+        super().__init__(message)
+        self.key, self.value, self.problem = key, value, problem
 
 
 def _check(where: str, key: str, value, ok: bool, must: str) -> None:
     if not ok:
-        raise BudgetError(f"{where}: {key}={value!r}: {must}")
+        raise BudgetError(f"{where}: {key}={value!r}: {must}", key, value, must)
 
 
 def _is_number(value) -> bool:
@@ -71,6 +76,7 @@ def check_episode_budget(obj, where: str) -> None:
 
 
 def check_sampling(obj, where: str) -> None:
+    """Validate the sampling attributes of `obj` (a Budget or a nanocomposer.generation.SamplingConfig)."""
     v = {k: getattr(obj, k) for k in SAMPLING_KEYS}
     _check(where, "max_new_tokens", v["max_new_tokens"], _is_int(v["max_new_tokens"]) and v["max_new_tokens"] >= 1,
            "must be an integer >= 1")
@@ -142,5 +148,5 @@ def load_budget_file(path: str | Path) -> dict:
     try:
         Budget(**data)
     except BudgetError as e:
-        raise BudgetError(f"budget file {path}: {e}") from None
+        raise BudgetError(f"budget file {path}: {e}", e.key, e.value, e.problem) from None
     return dict(data)

@@ -11,13 +11,15 @@ argparse does for a bad flag), instead of the usage of ~300 flags or a traceback
   converts defaults that are strings, so `max_steps: 1.5` or `reward_funcs: outcome` would reach the
   trainer as they are. Here every value goes through its flag's type, exactly like the same value on the
   command line, and `choices` are enforced;
-- a value out of range (`VALUE_RULES`: a negative learning rate, a zero batch size, `max_turns: -1`, ...).
+- a value out of range (`VALUE_RULES`: a negative learning rate, a zero batch size, ...; the budget arguments,
+  `max_turns: -1` and the like, by env.budget.Budget itself through `budget_from_arguments`).
 
 Budgets: when `recipes/<preset>/budget.yaml` (env/budget.py) sits beside the `--config` recipe, or
 `--budget FILE` names one, its keys set the stage's budget arguments (`max_turns`, RL's `max_episode_tokens`
-for `max_tokens`, the SFT check's `check_max_turns`, ...): one file per preset read by every stage. A stage
-recipe that sets a key the budget file sets too is refused (one source); flags still override both.
-`--budget none` reads no budget file.
+for `max_tokens`, the real-time loop's `session_timeout_s` for `max_wall_s`, the SFT check's `check_max_turns`,
+...): one file per preset read by every stage. A stage recipe beside a budget file sets no budget argument at
+all (one source); flags still override the file. `--budget none` reads no budget file. Every stage builds its
+episodes' `Budget` with `budget_from_arguments`, so each stage carries the whole budget under one validator.
 
 Bad input found later, before any work (a model directory without a tokenizer, a missing dataset), is a
 `ConfigError`; `nanocomposer.common.run_main` reports it the same way.
@@ -42,7 +44,7 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
-from env.budget import BUDGET_FILE, Budget, BudgetError, load_budget_file
+from env.budget import BUDGET_FILE, BUDGET_FILE_KEYS, Budget, BudgetError, load_budget_file
 
 
 class ConfigError(SystemExit):
@@ -86,17 +88,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "block_size": _at_least(2, " (the first token of a block has no label)"),
     "max_eval_blocks": _at_least(1),
     "check_limit": _at_least(1),
-    "check_max_turns": _at_least(1),
-    "check_max_new_tokens": _at_least(1),
     "check_workers": _at_least(1),
     "task_limit": _at_least(1),
-    "max_turns": _at_least(1),
-    "max_new_tokens": _at_least(1),
-    "max_episode_tokens": _at_least(1),
-    "max_context": _at_least(2),
-    "max_wall_s": POSITIVE,
-    "max_output_chars": _at_least(1),
-    "command_timeout_s": POSITIVE,
+    # (the budget arguments, max_turns, check_max_turns, max_episode_tokens, ..., are checked by env.budget.Budget
+    # itself: `budget_from_arguments` in each stage's __post_init__)
     "rollout_workers": _at_least(0, " (0: all of the step's episodes at once)"),
     "dominance_threshold": FRACTION,
     "log_trajectories_steps": _at_least(0, " (0: never)"),
@@ -242,11 +237,17 @@ class SFTScriptArguments(StageArguments):
                           "unset: no check."},
     )
     check_limit: int | None = field(default=None, metadata={"help": "Check on at most this many tasks."})
+    # The check's episode budget (and the harness eval's): env.budget.Budget's fields with a check_ prefix, set
+    # by the preset's budget.yaml like RL's and eval's (`check_budget`).
     check_max_turns: int = field(default=Budget.max_turns, metadata={"help": "Turn budget per check episode."})
+    check_max_tokens: int | None = field(default=Budget.max_tokens, metadata={
+        "help": "Completion-token budget per check episode (None: no cap)."})
     check_max_new_tokens: int = field(default=Budget.max_new_tokens,
                                       metadata={"help": "Generated tokens per turn in the check (greedy)."})
     check_max_context: int | None = field(default=Budget.max_context,
                                           metadata={"help": "Context window of the check (None: the model's)."})
+    check_max_malformed_turns: int = field(default=Budget.max_malformed_turns, metadata={
+        "help": "Consecutive turns with malformed calls (and no valid one) that end a check episode."})
     check_max_output_chars: int = field(default=Budget.max_output_chars,
                                         metadata={"help": "Per tool result in the check (head and tail kept)."})
     check_max_wall_s: float = field(default=Budget.max_wall_s, metadata={"help": "Wall clock per check episode."})
@@ -290,6 +291,7 @@ class SFTScriptArguments(StageArguments):
 
     def __post_init__(self):
         super().__post_init__()
+        self.check_budget()  # the check's budget, checked by Budget (ArgumentError naming the check_* argument)
         for key in ("harness_eval_limit", "harness_eval_steps", "harness_eval_workers"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -302,20 +304,52 @@ class SFTScriptArguments(StageArguments):
             raise ArgumentError(key, getattr(self, key), "schedules a harness eval, but harness_eval_tasks is not set")
 
     def check_budget(self) -> Budget:
-        """The check's env.budget.Budget: its budgets (the preset's budget.yaml, which RL and eval read too),
-        greedy, every other setting Budget's default."""
-        return Budget(max_turns=self.check_max_turns, max_new_tokens=self.check_max_new_tokens,
-                      max_context=self.check_max_context, max_output_chars=self.check_max_output_chars,
-                      max_wall_s=self.check_max_wall_s, command_timeout_s=self.check_command_timeout_s)
+        """The check's env.budget.Budget: its check_* budgets (the preset's budget.yaml, which RL and eval read
+        too), greedy, seed 0."""
+        return budget_from_arguments(self, prefix="check_")
 
 
-# The stage arguments a budget-file key sets, by name: the key itself (eval, RL), the SFT check's copy of it,
-# and RL's name for the per-episode token cap.
-BUDGET_ALIASES = {"max_tokens": ("max_tokens", "max_episode_tokens")}
+# The stage arguments a budget-file key sets, by name: the key itself (eval, RL, real-time RL), the SFT check's
+# copy of it (check_<key>), and the names kept where a stage's flag predates the budget file (renaming them would
+# break the command lines that use them): RL's per-episode token cap and the real-time loop's session wall clock.
+BUDGET_ALIASES = {"max_tokens": ("max_tokens", "max_episode_tokens"), "max_wall_s": ("max_wall_s", "session_timeout_s")}
 
 
 def budget_destinations(key: str) -> tuple[str, ...]:
     return (*BUDGET_ALIASES.get(key, (key,)), f"check_{key}")
+
+
+def budget_argument_names(arguments: Any, prefix: str = "") -> dict[str, str]:
+    """Budget-file key -> the name of the argument of `arguments` (a stage's dataclass) that holds it: `prefix` +
+    key (the SFT check's check_*), else the key or its alias (BUDGET_ALIASES). Every key must have exactly one: a
+    stage carries the whole episode budget, so no key silently falls back to Budget's default."""
+    names = {f.name for f in dataclasses.fields(arguments)}
+    out = {}
+    for key in BUDGET_FILE_KEYS:
+        candidates = [f"{prefix}{key}"] if prefix else list(BUDGET_ALIASES.get(key, (key,)))
+        found = [name for name in candidates if name in names]
+        if len(found) != 1:
+            raise TypeError(f"{type(arguments).__name__} needs exactly one argument for the budget key {key!r} "
+                            f"(one of {', '.join(candidates)}); it has {found or 'none'}")
+        out[key] = found[0]
+    return out
+
+
+def budget_from_arguments(arguments: Any, *, prefix: str = "", **sampling: Any) -> Budget:
+    """The env.budget.Budget a stage's arguments describe, validated by Budget (the one validator of budgets):
+    each budget-file key from its argument (`budget_argument_names`), the sampling settings (temperature, top_p,
+    seed) from `sampling`, else Budget's (greedy, seed 0). A bad value is an ArgumentError naming the stage's
+    argument (RecipeParser then names its flag or recipe key)."""
+    names = budget_argument_names(arguments, prefix)
+    try:
+        return Budget(**{key: getattr(arguments, name) for key, name in names.items()}, **sampling)
+    except BudgetError as e:
+        if e.key is None:
+            raise
+        problem = e.problem  # a cross-field rule names the other key: by the stage's name for it too
+        for key, name in names.items():
+            problem = problem.replace(f"{key}=", f"{name}=") if key != name else problem
+        raise ArgumentError(names.get(e.key, e.key), e.value, problem) from None
 
 
 def pop_budget_flag(args: list[str]) -> tuple[list[str], str | None]:
@@ -393,10 +427,13 @@ class RecipeParser(TrlParser):
             self.error(str(e))
         dests = {action.dest for action in self._actions}
         mapped = {dest: value for key, value in values.items() for dest in budget_destinations(key) if dest in dests}
-        both = sorted(set(mapped) & set(self.recipe))
+        budget_dests = {dest for key in BUDGET_FILE_KEYS for dest in budget_destinations(key) if dest in dests}
+        both = sorted(budget_dests & set(self.recipe))
         if both:
-            self.error(f"{self.recipe_path}: {both[0]} is set in the budget file {path} too: set the preset's "
-                       "budgets there only")
+            what = (f"is set in the budget file {path} too" if both[0] in mapped
+                    else f"is a budget setting, and the budget file {path} is read")
+            self.error(f"{self.recipe_path}: {both[0]} {what}: set the preset's budgets there only (every stage of "
+                       "the preset reads it)")
         self.budget_path, self.budget_defaults = str(path), mapped
 
     def set_defaults_with_config(self, **kwargs) -> list[str]:
@@ -567,7 +604,8 @@ class RLScriptArguments(StageArguments):
                           "`truncated` reward, which must then be in reward_funcs).",
                   "choices": ["mask", "penalty"]},
     )
-    # Episode budgets: env.budget.Budget's defaults (one per setting); the recipes set them, as eval's do.
+    # Episode budgets: env.budget.Budget's fields and defaults (max_tokens is max_episode_tokens here), set by the
+    # preset's budget.yaml as eval's and the SFT check's are (`rollout_budget` in train_rl.py).
     max_turns: int = field(default=Budget.max_turns, metadata={"help": "Turn budget per episode."})
     max_new_tokens: int = field(default=Budget.max_new_tokens, metadata={"help": "Generated tokens per turn."})
     max_episode_tokens: int | None = field(
@@ -578,6 +616,8 @@ class RLScriptArguments(StageArguments):
         default=Budget.max_context,
         metadata={"help": "Context window for episodes (None: the model's max_position_embeddings)."})
     max_wall_s: float = field(default=Budget.max_wall_s, metadata={"help": "Wall-clock budget per episode (seconds)."})
+    max_malformed_turns: int = field(default=Budget.max_malformed_turns, metadata={
+        "help": "Consecutive turns with malformed calls (and no valid one) that end an episode."})
     max_output_chars: int = field(default=Budget.max_output_chars,
                                   metadata={"help": "Per tool result (head and tail kept)."})
     command_timeout_s: float = field(default=Budget.command_timeout_s, metadata={"help": "Per sandboxed command."})
@@ -598,6 +638,4 @@ class RLScriptArguments(StageArguments):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.max_context is not None and self.max_context <= self.max_new_tokens:
-            raise ArgumentError("max_context", self.max_context,
-                                f"must exceed max_new_tokens={self.max_new_tokens} (room for a prompt)")
+        budget_from_arguments(self)  # checked by Budget (sampling: the trainer's, checked by the trainer's rules)

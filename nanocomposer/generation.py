@@ -78,6 +78,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from env.budget import Budget, check_sampling
+
 DEFAULT_MAX_BATCH_TOKENS = 32768  # KV-cache positions per transformers batch (rows x (longest prompt + new tokens))
 # KV-cache positions the prefix cache keeps (all entries together): 512 MB for the demo's 5.3M model in fp32
 # (8 KB a position), room for 16 live episodes of 4,096 positions.
@@ -86,22 +88,17 @@ DEFAULT_PREFIX_CACHE_POSITIONS = 65536
 
 @dataclass
 class SamplingConfig:
-    max_new_tokens: int = 256
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    seed: int = 0
-    max_context: int | None = None  # None: the model's max_position_embeddings
+    """How one turn is sampled: env.budget.Budget's sampling fields (`Budget.sampling()`), with its defaults and
+    its checks (env.budget.check_sampling), so a value one stage refuses every stage refuses."""
+
+    max_new_tokens: int = Budget.max_new_tokens
+    temperature: float = Budget.temperature  # 0 = greedy
+    top_p: float = Budget.top_p
+    seed: int = Budget.seed
+    max_context: int | None = Budget.max_context  # None: the model's max_position_embeddings
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens}: must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingConfig.temperature={self.temperature}: must be >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingConfig.top_p={self.top_p}: must be in (0, 1]")
-        if self.max_context is not None and self.max_context <= self.max_new_tokens:
-            raise ValueError(f"SamplingConfig.max_context={self.max_context}: must exceed "
-                             f"max_new_tokens={self.max_new_tokens}")
+        check_sampling(self, "SamplingConfig")
 
 
 class Completion(NamedTuple):

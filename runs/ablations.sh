@@ -19,12 +19,14 @@ export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM
 for variant in "base penalize penalize" "drop drop penalize" "ask-free penalize free"; do
   set -- $variant
   echo; echo "== GRPO ablation $1: malformed_handling=$2 ask_user_handling=$3, $STEPS steps ($(date +%H:%M:%S))"
+  # --max_turns 6: the ablations' GRPO budget (shorter episodes, more steps), deliberately below the preset's 8
+  # (recipes/tiny/budget.yaml, which eval below plays under)
   $PY train_rl.py --config recipes/tiny/rl_long.yaml --run "$RUN-abl-$1" --model_name_or_path "$SFT" \
-    --max_steps "$STEPS" --malformed_handling "$2" --ask_user_handling "$3"
+    --max_steps "$STEPS" --malformed_handling "$2" --ask_user_handling "$3" --max_turns 6
 done
 
 echo; echo "== eval: SFT vs the three GRPO variants on the held-out tasks ($(date +%H:%M:%S))"
 $PY eval.py --compare "$SFT" "runs/$RUN-abl-base/rl" "runs/$RUN-abl-drop/rl" "runs/$RUN-abl-ask-free/rl" \
-  --tasks factory:test factory:val --workers 2 --max-turns 8 --max-new-tokens 128 \
+  --tasks factory:test factory:val --workers 2 --budget recipes/tiny/budget.yaml \
   --out-dir "runs/$RUN/ablations" --run "$RUN" --wandb
 cat "runs/$RUN/ablations/compare.md"

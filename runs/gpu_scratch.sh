@@ -61,7 +61,7 @@ if wanted data; then
 
   stage "data: oracle trajectories -> $DATA/sft"
   $PY -m data.build_sft --tasks "$DATA/tasks" --out "$DATA/sft" --variants 2 --val-tasks 24 --seed 0 \
-    --workers "$WORKERS" --overwrite ${SFT_DATA_FLAGS:-}
+    --workers "$WORKERS" --budget recipes/gpu_scratch/budget.yaml --overwrite ${SFT_DATA_FLAGS:-}
 
   stage "base: tokenizer trained on the code mix + a from-scratch Llama ($BASE_FLAGS) -> $BASE"
   TOKENIZERS_PARALLELISM=true $PY -m nanocomposer.model build --out "$BASE" --corpus "$CORPUS" $BASE_FLAGS \

@@ -27,7 +27,7 @@ stage "2. live A/B: the starting version (A) vs the loop's current version (B), 
 CURRENT=$(cat "runs/$RUN/realtime/registry/current")
 $PY -m bench.realtime ab --a "runs/$RUN/realtime/registry/versions/v0" \
   --b "runs/$RUN/realtime/registry/versions/$CURRENT" --tasks "$TASKS" --sessions "$AB_SESSIONS" \
-  --recipe recipes/tiny/users.yaml --max-turns 8 --max-new-tokens 128 --temperature 1.0 --backend transformers \
+  --recipe recipes/tiny/users.yaml --budget "$(dirname "$RECIPE")/budget.yaml" --temperature 1.0 --backend transformers \
   --out "runs/$RUN/ab"
 
 # The hack runs open the gate's behaviour thresholds, so a hacked version can ship as it did before monitoring

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole pipeline on a CPU with the tiny model trained from random weights (5.3 M parameters): the fast
 # path, and the "no pretraining" arm of ablations. `make demo` runs runs/smol.sh, on the pretrained base.
-# Every stage reads the previous stage's output from runs/$RUN/ and artifacts/.
+# Every stage reads the previous stage's output from runs/$RUN/ and artifacts/, and its episode budgets from
+# recipes/tiny/budget.yaml (the SFT data, the SFT check, GRPO and eval).
 #   bash runs/tiny.sh              # RUN=tiny-<date-time>
 #   RUN=abl1 bash runs/tiny.sh     # another run; compare them in W&B (group = RUN)
 set -euo pipefail
@@ -11,8 +12,8 @@ RUN=${RUN:-tiny-$(date +%Y%m%d-%H%M%S)}
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 source runs/stages.sh
 
-stage data "data: code mix, task factory, oracle trajectories (small sizes)"
-SIZE=small bash runs/data.sh
+stage data "data: code mix, task factory, oracle trajectories (small sizes, the preset's budgets)"
+SIZE=small BUDGET=recipes/tiny/budget.yaml bash runs/data.sh
 
 stage base "base: tokenizer trained on the code mix + a small Llama, random init"
 $PY -m nanocomposer.model build --out artifacts/base --corpus artifacts/data/corpus

@@ -4,7 +4,9 @@
 # from a clean clone took 2 h 48 min (README, Results; stage times in runs/$RUN/stage_times.tsv).
 #   bash runs/tiny_long.sh                 # RUN=long-<date-time>
 #   RUN=long1 SKIP_DATA=1 bash runs/tiny_long.sh   # reuse artifacts/ladder and the copy corpus
-# Recipes: recipes/tiny_long/{cpt,sft,rl,eval}.yaml. Every stage reads the previous one's output from runs/$RUN/.
+# Recipes: recipes/tiny_long/{cpt,sft,rl,eval}.yaml, and one budget file, recipes/tiny_long/budget.yaml, that the
+# SFT data, the SFT check, the edge screen, GRPO and eval all read. Every stage reads the previous one's output
+# from runs/$RUN/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -23,7 +25,7 @@ if [ -z "${SKIP_DATA:-}" ]; then
     --workers 2 --overwrite
   stage oracle "data: oracle trajectories of the train tasks (the SFT data)"
   $PY -m data.build_sft --tasks artifacts/ladder/tasks --out artifacts/ladder/sft --variants 1 --val-tasks 40 \
-    --seed 0 --concurrency 4 --overwrite
+    --seed 0 --concurrency 4 --budget recipes/tiny_long/budget.yaml --overwrite
   stage base "base: tokenizer trained on the code mix + a small Llama, random init"
   $PY -m nanocomposer.model build --out artifacts/base --corpus artifacts/data/corpus
 fi

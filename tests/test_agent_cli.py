@@ -272,7 +272,10 @@ def test_apply_refuses_and_writes_nothing(tmp_path):
 
 BAD_FLAGS = [("--top-p", "1.5", "must be in (0, 1]"), ("--top-p", "0", "must be in (0, 1]"),
              ("--temperature", "-0.5", "must be >= 0"), ("--seed", "-1", "must be an integer >= 0"),
-             ("--max-new-tokens", "0", "must be an integer >= 1"), ("--max-turns", "0", "must be an integer >= 1")]
+             ("--max-new-tokens", "0", "must be an integer >= 1"), ("--max-turns", "0", "must be an integer >= 1"),
+             ("--max-tokens", "0", "must be an integer >= 1 or None"), ("--max-context", "64", "> max_new_tokens=256"),
+             ("--max-malformed-turns", "0", "must be an integer >= 1"), ("--max-output-chars", "10", ">= 200"),
+             ("--command-timeout-s", "0", "> 0")]
 
 
 def test_bad_budget_and_sampling_flags_are_one_line_naming_the_flag(repo, tmp_path):
@@ -296,7 +299,10 @@ def test_budget_defaults_come_from_budget():
     text = " ".join(proc.stdout.split())
     for flag, default in [("--max-turns", Budget.max_turns), ("--max-new-tokens", Budget.max_new_tokens),
                           ("--temperature", Budget.temperature), ("--top-p", Budget.top_p), ("--seed", Budget.seed),
-                          ("--session-timeout-s", Budget.max_wall_s)]:
+                          ("--session-timeout-s", Budget.max_wall_s),
+                          ("--max-malformed-turns", Budget.max_malformed_turns),
+                          ("--max-output-chars", Budget.max_output_chars),
+                          ("--command-timeout-s", Budget.command_timeout_s)]:
         after = text.split(f" {flag} ")[1]
         assert f"(default: {default})" in after.split(" --")[0], (flag, after[:200])
 

@@ -147,11 +147,11 @@ OWN = {
             ("check_workers_zero", ["--check_workers", "0"], "--check_workers 0: must be at least 1")],
     "rl": [("tasks_missing", ["--tasks_dir", "{root}/no_tasks"], "tasks_dir {root}/no_tasks:"),
            ("rollout_workers_negative", ["--rollout_workers", "-1"], "--rollout_workers -1: must be at least 0"),
-           ("max_new_tokens_zero", ["--max_new_tokens", "0"], "--max_new_tokens 0: must be at least 1"),
-           ("max_turns_negative", ["--max_turns", "-1"], "--max_turns -1: must be at least 1"),
+           ("max_new_tokens_zero", ["--max_new_tokens", "0"], "--max_new_tokens 0: must be an integer >= 1"),
+           ("max_turns_negative", ["--max_turns", "-1"], "--max_turns -1: must be an integer >= 1"),
            ("num_generations_one", ["--num_generations", "1"], "--num_generations 1: must be at least 2"),
            ("malformed_handling_unknown", ["--malformed_handling", "dorp"], "--malformed_handling"),
-           ("max_wall_s_zero", ["--max_wall_s", "0"], "--max_wall_s 0.0: must be > 0")],
+           ("max_wall_s_zero", ["--max_wall_s", "0"], "--max_wall_s 0.0: must be a number of seconds > 0")],
 }
 CASES = [(stage, *case) for stage in ("cpt", "sft", "rl") for case in COMMON + OWN[stage]]
 GOOD = [(stage, "good", [], "") for stage in ("cpt", "sft", "rl")]  # the same flags without the bad one
@@ -221,7 +221,7 @@ def test_plain_subprocess_matches_the_forked_run(inputs, tmp_path):
     """The real command line, without the driver: the same one line (nothing printed at import) and status 2."""
     done = subprocess.run([PYTHON, "train_rl.py", *good_flags("rl", inputs), "--runs_dir", str(tmp_path),
                            "--max_turns", "-1"], cwd=ROOT, check=False, capture_output=True, text=True, timeout=300)
-    assert (done.returncode, done.stderr) == (2, "train_rl.py: error: --max_turns -1: must be at least 1\n")
+    assert (done.returncode, done.stderr) == (2, "train_rl.py: error: --max_turns -1: must be an integer >= 1\n")
     assert not any(tmp_path.iterdir())
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import make_calc_task, save_micro_checkpoint
 
+from env.budget import Budget
 from env.rewards import get_reward_funcs
 from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import SessionStore
@@ -180,7 +181,7 @@ def test_the_gate_refuses_a_broken_candidate(world, tmp_path):
     model.save_pretrained(tmp_path / "zeroed")
     AutoTokenizer.from_pretrained(micro).save_pretrained(tmp_path / "zeroed")
     tasks = sorted((world / "gate").iterdir())
-    budget = {"max_turns": 12, "max_new_tokens": 16, "max_wall_s": 60, "temperature": 0.0, "samples": 1,
+    budget = {"budget": Budget(max_turns=12, max_new_tokens=16, max_wall_s=60, temperature=0.0), "samples": 1,
               "workers": 2, "backend": "transformers"}
     oracle = evaluate("oracle", tasks, **budget)
     thresholds = {"solve_margin": 0.0, "max_malformed_increase": 0.02, "max_ask_user_increase": 0.05,

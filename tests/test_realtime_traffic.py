@@ -52,14 +52,14 @@ def make_loop(tmp_path: Path, traffic_set: Path, monkeypatch, **overrides) -> Lo
     monkeypatch.setattr(loop_module, "AgentServer", lambda registry, db, *, log, **options: FakeServer(**options))
     args = RealtimeArguments(run="t", runs_dir=str(tmp_path / "runs"), traffic_tasks=str(traffic_set),
                              sessions_per_cycle=5, **{"gate_tasks": str(tmp_path), **overrides})
-    training_args = SimpleNamespace(seed=7, temperature=1.0)
+    training_args = SimpleNamespace(seed=7, temperature=1.0, top_p=1.0)
     return Loop(args, training_args, SimpleNamespace(model_name_or_path="oracle"), log=lambda *a: None)
 
 
 def test_the_serve_command_carries_the_loops_seed(tmp_path, traffic_set, monkeypatch):
     loop = make_loop(tmp_path, traffic_set, monkeypatch)
     options = loop.start_server().options
-    assert options["seed"] == 7
+    assert options["budget"].seed == 7
     cmd = serve_command(tmp_path / "registry", tmp_path / "db", **options)
     assert cmd[cmd.index("--seed") + 1] == "7" and cmd[cmd.index("--temperature") + 1] == "1.0"
 

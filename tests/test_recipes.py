@@ -41,13 +41,19 @@ def test_every_stage_has_a_script_and_a_tiny_and_a_gpu_recipe():
 
 
 @pytest.mark.parametrize("recipe", STAGE_RECIPES, ids=recipe_id)
-def test_recipe_parses(recipe, monkeypatch):
+def test_recipe_parses(recipe, monkeypatch, tmp_path):
+    from nanocomposer.common import prepare_output_dir
+
     monkeypatch.chdir(ROOT)
-    parser = stage_parser(recipe.stem.split("_")[0])  # rl_long.yaml, rl_2gpu.yaml: variants of stage rl
-    parsed = parser.parse_args_and_config(["--config", str(recipe.relative_to(ROOT)), *cpu_flags(recipe)])
+    stage = recipe.stem.split("_")[0]  # rl_long.yaml, rl_2gpu.yaml: variants of stage rl
+    parsed = stage_parser(stage).parse_args_and_config(["--config", str(recipe.relative_to(ROOT)), *cpu_flags(recipe),
+                                                        "--runs_dir", str(tmp_path), "--run", "probe"])
     script_args, training_args, model_args = parsed[:3]
     assert model_args.model_name_or_path, "a recipe names its starting model"
-    assert script_args.run, "outputs go under runs/<run>/"
+    # Outputs go under <runs_dir>/<run>/<stage>/, the run the pipeline names: a recipe that set `output_dir` (or a
+    # run name of its own) would send every pipeline run's stage to one place.
+    assert not {"run", "output_dir"} & set(yaml.safe_load(recipe.read_text())), "a recipe names no run or output dir"
+    assert prepare_output_dir(script_args, training_args, stage) == (tmp_path / "probe" / stage, None)
     if recipe.parent.name == "tiny":
         assert training_args.use_cpu and not training_args.bf16 and not training_args.activation_checkpointing
 
@@ -91,7 +97,7 @@ def test_a_recipe_value_of_the_wrong_type_names_file_key_and_type(tmp_path, caps
                           ("vllm_mode: on\n", "vllm_mode True: must be a string, not a boolean"),
                           ("use_peft: maybe\n", "use_peft 'maybe': must be a boolean"),
                           ("reward_weights: [1.0, heavy]\n", "reward_weights [1.0, 'heavy']: must be a list of numbers"),
-                          ("max_turns: -1\n", "max_turns -1: must be at least 1"),
+                          ("max_turns: -1\n", "max_turns -1: must be an integer >= 1"),  # env.budget.Budget's check
                           ("learning_rate: null\n", "learning_rate None: must be a number, not null")]:
         recipe.write_text(text)
         with pytest.raises(SystemExit) as exit_info:

@@ -162,13 +162,32 @@ def _check_text(name: str, value: str | None, limit: int, *, path: bool = False)
 
 @dataclass
 class ServerConfig:
+    """The server's settings; its sessions' episode budget is env.budget.Budget's fields (`from_budget`), with the
+    wall clock as session_timeout_s (a request may ask for less)."""
+
     workers: int = 4
     max_queue: int = 64  # sessions waiting for a worker; one more is refused (HTTP 429)
     session_timeout_s: float = Budget.max_wall_s  # the episode's wall-clock budget; longer requests are capped to it
     answer_timeout_s: float = 120.0  # how long a session waits for an ask_user answer
     max_turns: int = Budget.max_turns
+    max_tokens: int | None = Budget.max_tokens
+    max_malformed_turns: int = Budget.max_malformed_turns
+    max_output_chars: int = Budget.max_output_chars
+    command_timeout_s: float = Budget.command_timeout_s
     sampling: dict = field(default_factory=dict)  # env.budget.Budget.sampling() keys (max_new_tokens, seed, ...)
     backend: str = "auto"
+
+    @classmethod
+    def from_budget(cls, budget: Budget, **settings) -> ServerConfig:
+        """Sessions played under all of `budget` (its episode budget and its sampling); `settings`: the rest."""
+        episode = budget.episode()
+        return cls(session_timeout_s=episode.pop("max_wall_s"), **episode, sampling=budget.sampling(), **settings)
+
+    def episode(self, max_wall_s: float) -> dict:
+        """Keyword arguments of env.episode.EpisodeConfig for a session allowed `max_wall_s`."""
+        return {"max_turns": self.max_turns, "max_tokens": self.max_tokens, "max_wall_s": max_wall_s,
+                "max_malformed_turns": self.max_malformed_turns, "max_output_chars": self.max_output_chars,
+                "command_timeout_s": self.command_timeout_s}
 
 
 class SessionManager:
@@ -476,7 +495,7 @@ class SessionManager:
         self.store.start(session_id, version, getattr(policy, "name", type(policy).__name__))
         self._bump(session_id)
         deadline = time.monotonic() + s["timeout_s"]
-        config = EpisodeConfig(max_turns=self.config.max_turns, max_wall_s=s["timeout_s"],
+        config = EpisodeConfig(**self.config.episode(s["timeout_s"]),
                                ask_user=lambda question: self._ask(session_id, question, deadline))
 
         def on_turn(record: dict, results: list[str]) -> None:

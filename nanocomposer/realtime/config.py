@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nanocomposer.config import ArgumentError, StageArguments
+from env.budget import Budget
+from nanocomposer.config import ArgumentError, StageArguments, budget_from_arguments
 
 STALE_SESSIONS = ("drop", "importance_weight")
 BASELINES = ("family", "batch")
@@ -29,10 +30,23 @@ class RealtimeArguments(StageArguments):
     serve_minutes: float | None = field(default=None, metadata={
         "help": "Stop the cycle's traffic after this many minutes even if sessions remain (None: no limit)."})
     server_workers: int = field(default=2, metadata={"help": "agent.py serve --workers."})
-    max_turns: int = field(default=8, metadata={"help": "Turn budget per session and per gate episode."})
-    max_new_tokens: int = field(default=128, metadata={"help": "Generated tokens per turn."})
-    session_timeout_s: float = field(default=120.0, metadata={
-        "help": "Wall-clock budget per session; also what the `latency` reward divides by."})
+    # The episode budget of every served session and every gate episode: env.budget.Budget's fields and defaults
+    # (its max_wall_s is session_timeout_s here), set by the preset's budget.yaml like every stage's (`budget`).
+    max_turns: int = field(default=Budget.max_turns, metadata={"help": "Turn budget per session and per gate episode."})
+    max_tokens: int | None = field(default=Budget.max_tokens, metadata={
+        "help": "Completion-token budget per session and gate episode (None: no cap; the `length` reward then "
+                "divides by max_turns x max_new_tokens)."})
+    max_new_tokens: int = field(default=Budget.max_new_tokens, metadata={"help": "Generated tokens per turn."})
+    max_context: int | None = field(default=Budget.max_context, metadata={
+        "help": "Context window of the server and the gate (None: the model's max_position_embeddings)."})
+    session_timeout_s: float = field(default=Budget.max_wall_s, metadata={
+        "help": "Wall-clock budget per session and gate episode (the budget file's max_wall_s); also what the "
+                "`latency` reward divides by."})
+    max_malformed_turns: int = field(default=Budget.max_malformed_turns, metadata={
+        "help": "Consecutive turns with malformed calls (and no valid one) that end a session."})
+    max_output_chars: int = field(default=Budget.max_output_chars, metadata={
+        "help": "Per tool result (head and tail kept)."})
+    command_timeout_s: float = field(default=Budget.command_timeout_s, metadata={"help": "Per sandboxed command."})
     backend: str = field(default="auto", metadata={"help": "Generation backend of server and gate.",
                                                    "choices": ["auto", "transformers", "vllm"]})
     reward_funcs: list[str] = field(
@@ -77,15 +91,15 @@ class RealtimeArguments(StageArguments):
 
     def __post_init__(self):
         super().__post_init__()
+        self.budget()  # checked by Budget (ArgumentError naming the argument)
         for name in ("cycles", "sessions_per_cycle", "server_workers", "gate_samples", "gate_workers"):
             if getattr(self, name) < 1:
                 raise ArgumentError(name, getattr(self, name), "must be at least 1")
         for name in ("gate_task_limit", "traffic_task_limit"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ArgumentError(name, getattr(self, name), "must be at least 1 (or null)")
-        for name in ("session_timeout_s", "on_policy_tolerance"):
-            if not getattr(self, name) > 0:
-                raise ArgumentError(name, getattr(self, name), "must be > 0")
+        if not self.on_policy_tolerance > 0:
+            raise ArgumentError("on_policy_tolerance", self.on_policy_tolerance, "must be > 0")
         if self.serve_minutes is not None and not self.serve_minutes > 0:
             raise ArgumentError("serve_minutes", self.serve_minutes, "must be > 0 (or null: no limit)")
         for name in ("gate_temperature", "gate_solve_margin", "gate_max_malformed_increase",
@@ -93,3 +107,8 @@ class RealtimeArguments(StageArguments):
                      "monitor_max_malformed_increase", "monitor_max_ask_user_increase", "monitor_max_edit_rate_drop"):
             if not getattr(self, name) >= 0:
                 raise ArgumentError(name, getattr(self, name), "must be >= 0")
+
+    def budget(self, **sampling) -> Budget:
+        """The sessions' and the gate's env.budget.Budget, with `sampling` (temperature, top_p, seed: the server
+        samples with the trainer's, the gate with gate_temperature); Budget's otherwise."""
+        return budget_from_arguments(self, **sampling)

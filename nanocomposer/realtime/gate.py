@@ -16,6 +16,7 @@ warnings are logged and saved with the gate report; they do not block promotion.
 
 from __future__ import annotations
 
+from env.budget import Budget
 from env.episode import EpisodeConfig
 from env.metrics import compare_paired, summarize
 
@@ -29,15 +30,13 @@ def edit_rate(records: list[dict]) -> float:
     return sum(edited) / len(edited) if edited else 0.0
 
 
-def evaluate(spec: str, tasks: list, *, max_turns: int, max_new_tokens: int, max_wall_s: float, temperature: float,
-             samples: int, workers: int, backend: str, seed: int = 0) -> dict:
-    """{"records", "summary"} of `spec` on `tasks` (records without messages, to keep the files small)."""
+def evaluate(spec: str, tasks: list, *, budget: Budget, samples: int, workers: int, backend: str) -> dict:
+    """{"records", "summary"} of `spec` on `tasks` under `budget` (the loop's: the preset's episode budget, the
+    gate's temperature and the loop's seed), records without messages, to keep the files small."""
     from nanocomposer.policies import run_policy
 
-    config = EpisodeConfig(max_turns=max_turns, max_wall_s=max_wall_s)
-    sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
-    records, wall_s, _ = run_policy(spec, tasks, config, sampling, samples=samples, workers=workers, backend=backend,
-                                    progress=False)
+    records, wall_s, _ = run_policy(spec, tasks, EpisodeConfig.from_budget(budget), budget.sampling(), samples=samples,
+                                    workers=workers, backend=backend, progress=False)
     slim = [{k: v for k, v in r.items() if k not in SLIM_DROP} for r in records]
     return {"records": slim, "summary": {**summarize(slim, wall_s), "edit_rate": edit_rate(slim)}}
 

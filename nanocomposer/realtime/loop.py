@@ -28,6 +28,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from env.budget import Budget
 from env.rewards import get_reward_funcs
 from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import SessionStore
@@ -52,10 +53,12 @@ def _read(path: Path) -> dict:
 def facts_of_sessions(db: Path, sessions: list[dict], args) -> list[dict]:
     """session_facts of collected sessions (collect.json's `sessions`: id and the user's `live` outcome), with the
     loop's budgets and malformed handling (RealtimeArguments)."""
+    budget = args.budget()
+    token_budget = budget.max_tokens or budget.max_turns * budget.max_new_tokens  # as RL's `length` (rollout.py)
     store = SessionStore(db)
     try:
-        return [session_facts(store.export_record(x["id"]), x["live"], max_turns=args.max_turns,
-                              token_budget=args.max_turns * args.max_new_tokens, max_wall_s=args.session_timeout_s,
+        return [session_facts(store.export_record(x["id"]), x["live"], max_turns=budget.max_turns,
+                              token_budget=token_budget, max_wall_s=budget.max_wall_s,
                               malformed_handling=args.malformed_handling) for x in sessions]
     finally:
         store.close()
@@ -101,12 +104,19 @@ class Loop:
     def start_server(self) -> AgentServer:
         if self.server is None:
             a = self.args
-            self.server = AgentServer(self.registry.root, self.db, workers=a.server_workers, max_turns=a.max_turns,
-                                      max_new_tokens=a.max_new_tokens, temperature=self.training_args.temperature,
-                                      seed=self.training_args.seed, session_timeout_s=a.session_timeout_s,
-                                      backend=a.backend,
-                                      log=self.dir / "server.log")
+            self.server = AgentServer(self.registry.root, self.db, workers=a.server_workers, budget=self.serve_budget(),
+                                      backend=a.backend, log=self.dir / "server.log")
         return self.server
+
+    def serve_budget(self) -> Budget:
+        """The served sessions' budget: the preset's episode budget, sampled as the trainer scores (its
+        temperature, top_p and seed)."""
+        t = self.training_args
+        return self.args.budget(temperature=t.temperature, top_p=t.top_p, seed=t.seed)
+
+    def gate_budget(self) -> Budget:
+        """The gate episodes' budget: the same episode budget as the sessions, at gate_temperature."""
+        return self.args.budget(temperature=self.args.gate_temperature, seed=self.training_args.seed)
 
     def close(self) -> None:
         if self.server is not None:
@@ -352,9 +362,8 @@ class Loop:
         path = self.dir / "gate_evals" / f"{name}.{tasks_key}.json"
         if path.is_file():
             return _read(path)
-        result = evaluate(self.registry.spec(name), tasks, max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
-                          max_wall_s=a.session_timeout_s, temperature=a.gate_temperature, samples=a.gate_samples,
-                          workers=a.gate_workers, backend=a.backend, seed=self.training_args.seed)
+        result = evaluate(self.registry.spec(name), tasks, budget=self.gate_budget(), samples=a.gate_samples,
+                          workers=a.gate_workers, backend=a.backend)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, result)
         return result

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from env.budget import Budget
 from nanocomposer.agent.serve import read_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -39,15 +40,27 @@ def _die_with_parent() -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def serve_command(registry: Path, db: Path, *, workers: int, max_turns: int, max_new_tokens: int,
-                  temperature: float, seed: int, session_timeout_s: float, backend: str) -> list[str]:
-    """`agent.py serve --port 0` on `registry` and `db`. `seed` is the server's sampling seed: with the users'
+def budget_flags(budget: Budget) -> list[str]:
+    """`agent.py serve`'s flags for every field of `budget` (the server's sessions play under all of it)."""
+    flags = ["--max-turns", str(budget.max_turns), "--max-new-tokens", str(budget.max_new_tokens),
+             "--session-timeout-s", repr(float(budget.max_wall_s)), "--max-malformed-turns",
+             str(budget.max_malformed_turns), "--max-output-chars", str(budget.max_output_chars),
+             "--command-timeout-s", repr(float(budget.command_timeout_s)),
+             "--temperature", repr(float(budget.temperature)), "--top-p", repr(float(budget.top_p)),
+             "--seed", str(budget.seed)]
+    for flag, value in (("--max-tokens", budget.max_tokens), ("--max-context", budget.max_context)):
+        if value is not None:  # None (no cap, the model's context) is the flags' default
+            flags += [flag, str(value)]
+    return flags
+
+
+def serve_command(registry: Path, db: Path, *, workers: int, budget: Budget, backend: str) -> list[str]:
+    """`agent.py serve --port 0` on `registry` and `db`, its sessions under `budget` (the loop's: the preset's
+    episode budget and the trainer's sampling). `budget.seed` is the server's sampling seed: with the users'
     per-conversation sample keys it fixes every session's sampling seeds, so a replayed cycle (or the other
     arm of an A/B) samples its conversations with the same seeds."""
     return [sys.executable, str(REPO_ROOT / "agent.py"), "serve", "--port", "0", "--registry", str(registry),
-            "--db", str(db), "--workers", str(workers), "--max-turns", str(max_turns),
-            "--max-new-tokens", str(max_new_tokens), "--temperature", repr(float(temperature)),
-            "--seed", str(seed), "--session-timeout-s", repr(float(session_timeout_s)), "--answer-timeout-s", "30",
+            "--db", str(db), "--workers", str(workers), *budget_flags(budget), "--answer-timeout-s", "30",
             "--backend", backend, "--max-queue", "1024"]
 
 
