@@ -1,5 +1,7 @@
 """`dtype: auto` follows the hardware: bf16 only where the device has bf16 arithmetic (nanocomposer/dtypes.py)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -42,5 +44,5 @@ def test_every_smol_stage_recipe_asks_for_auto():
     import yaml
 
     for stage in ("cpt", "sft", "rl"):
-        recipe = yaml.safe_load(open(f"recipes/smol/{stage}.yaml"))
+        recipe = yaml.safe_load(Path(f"recipes/smol/{stage}.yaml").read_text())
         assert recipe["dtype"] == "auto", stage
