@@ -738,6 +738,11 @@ def _clear_privilege_bits(dir_fd: int, name: str) -> None:
         os.close(fd)
 
 
+class SandboxClosed(RuntimeError):
+    """`run` on a sandbox that was closed: expected while a run stops (it closes live sandboxes to kill
+    what runs), so callers report it as an ordinary failed call, not as a harness bug."""
+
+
 class Sandbox:
     """Runs commands with `workspace` as the only writable host directory (see module docstring).
 
@@ -852,7 +857,7 @@ class Sandbox:
         """An empty cgroup for one run (reused, or made now); None when no pids controller is usable."""
         with self._cgroups_lock:
             if self._closed:
-                raise RuntimeError(f"sandbox for {self.workspace} is closed")
+                raise SandboxClosed(f"sandbox for {self.workspace} is closed")
             if self._episode is None:
                 return None
             for i, idle in enumerate(self._idle_cgroups):

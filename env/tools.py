@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from env.protocol import MalformedCall, preview, utf8_clean, validate_call
-from env.sandbox import Sandbox
+from env.sandbox import Sandbox, SandboxClosed
 from env.tasks import Task, walk_tree
 from env.workspace import PathError, resolve_in
 
@@ -607,6 +607,8 @@ def call_tool(tools: CodeTools, name: str, arguments: dict) -> str:
         result = f"Error: {name} timed out"
     except (OSError, UnicodeError) as e:
         result = f"Error: {type(e).__name__}: {e}"
+    except SandboxClosed:  # the run is stopping and closed this episode's sandbox under the call
+        result = f"Error: {name} was stopped: the sandbox is closed"
     except Exception as e:  # a harness bug must cost one call, not the run; it is logged
         log.exception("tool %r failed unexpectedly on %s", name, preview(arguments, 300))
         result = f"Error: internal error in {preview(name)}: {type(e).__name__}: {e}"

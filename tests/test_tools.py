@@ -258,3 +258,12 @@ def test_edit_file_never_writes_through_a_fifo_or_symlink(tools):
     assert "not a regular file" in call_tool(tools, "read_file", {"path": "pipe"})
     (ws / "ln").symlink_to("calc/ops.py")
     assert "already exists" in edit(tools, "ln", "", "x")
+
+
+def test_a_call_on_a_sandbox_closed_by_a_stopping_run_fails_quietly(tools, caplog):
+    """A stopping run closes live sandboxes under in-flight calls: one failed call, not a logged harness bug."""
+    tools.sandbox.close()
+    with caplog.at_level("ERROR"):
+        result = call_tool(tools, "run_tests", {})
+    assert result == "Error: run_tests was stopped: the sandbox is closed"
+    assert caplog.records == []
