@@ -12,7 +12,7 @@ Choices, and why:
   smeared keys (`nanocomposer.smeared_llama`, `--smeared-keys 1`): a plain Llama of this size had not
   learned to copy a name from its context after 7.7 M CPT tokens (docs/copying.md), and the smeared key
   gives attention the previous token for free, which is half of the copying circuit. Its training cost is
-  within this machine's noise: `python -m nanocomposer.model bench --sizes 256x4x4 --smeared-keys 0 1 0 1`
+  within this machine's noise: `python -m bench.model_speed sizes --sizes 256x4x4 --smeared-keys 0 1 0 1`
   gave 3,533 / 3,541 and 4,039 / 3,744 tokens/s (plain / smeared, alternating, 2 threads); its decoding
   cost (the mix is recomputed over the cached keys at every step) is not measured.
 - Tokenizer: byte-level BPE (never an unknown token) behind the GPT-4 split regex, which keeps runs of
@@ -27,7 +27,7 @@ Choices, and why:
   `parse_response` fallback and our harness both use before parsing the model's text.
 - Size (defaults: vocab 8192, hidden 256, 4 layers, 4 heads of 64, SwiGLU 704, tied embeddings,
   context 4096): the tiny pipeline has to run CPT (~10 min) then SFT (~4 min) on 2 CPU cores.
-  `python -m nanocomposer.model bench` (fp32 forward+backward+AdamW on 8x256 tokens, best of 10 steps),
+  `python -m bench.model_speed sizes` (fp32 forward+backward+AdamW on 8x256 tokens, best of 10 steps),
   measured while other jobs held the 2-core machine at load ~8-10, so only the ratios are meaningful:
       hidden 192, 4 layers:  3.3 M params, 760 tokens/s
       hidden 256, 4 layers:  5.3 M params, 670 tokens/s   <- default (3,780 tokens/s at lower load)
@@ -48,7 +48,7 @@ Choices, and why:
 - Labelled-only LM head (`labelled_only_loss`): the head and the loss only where a label is. transformers'
   `logits_to_keep` cannot do it (last-k or one index list for all rows), and TRL's fused head used by
   SFTTrainer drops unlabelled positions only on CUDA/XPU with Triton; on CPU it tiles every position.
-  `python -m nanocomposer.model bench-head --seq 2048 --steps 2` (tiny model, one packed SFT row, 20%
+  `python -m bench.model_speed head --seq 2048 --steps 2` (tiny model, one packed SFT row, 20%
   labelled, fp32 forward+backward, 1 thread at load ~12): full head 17.9 s, TRL fused 23.2 s, labelled-
   only 11.8 s (1.5x the full head, 2.0x TRL's CPU path), same loss; in a second run at load ~8, TRL's
   fused head with its compact path forced on took 6.7 s, labelled-only 7.4 s, the full head 12.1 s.
@@ -417,118 +417,6 @@ def labelled_only_loss(model, input_ids: torch.Tensor, labels: torch.Tensor,
     return loss / (num_items_in_batch if num_items_in_batch is not None else keep.sum())
 
 
-def measure_head_paths(
-    vocab: int = DEFAULT_SIZES["vocab_size"], *, hidden: int = DEFAULT_SIZES["hidden"],
-    layers: int = DEFAULT_SIZES["layers"], heads: int = DEFAULT_SIZES["heads"], seq: int = 4096,
-    labelled: float = 0.2, steps: int = 3,
-) -> dict[str, dict[str, float]]:
-    """Forward+backward seconds (best of `steps`) and loss of one SFT-shaped packed row (`seq` tokens, a
-    `labelled` share of them in assistant-like spans of 40 tokens) through three LM-head paths:
-
-    - `full`: `model(input_ids, labels=labels).loss` (plain Trainer: logits at every position);
-    - `trl_fused`: TRL's fused head as SFTTrainer runs it (`fused_lm_head=True`; on CPU it tiles every
-      position, it only drops unlabelled ones on CUDA/XPU with Triton);
-    - `trl_fused_compact`: the same with TRL's compact path forced on (`trl.trainer.utils._use_triton`
-      patched to True: the fused head then projects only labelled positions; its kernel still picks
-      the torch tiles on CPU by its own check);
-    - `labelled_only`: `labelled_only_loss`.
-    """
-    import copy
-    from unittest import mock
-
-    from trl.trainer.utils import add_fused_lm_head
-
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn_width(hidden),
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                         max_position_embeddings=max(seq, 1024), tie_word_embeddings=True)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    fused = copy.deepcopy(model)
-    add_fused_lm_head(fused, outputs=("log_probs", "entropy", "is_top1"))  # what SFTTrainer asks for
-    ids = torch.randint(0, vocab, (1, seq))
-    span = 40
-    starts = torch.randperm(seq // span)[: max(1, round(labelled * seq / span))] * span
-    mask = torch.zeros(1, seq, dtype=torch.bool)
-    for start in starts.tolist():
-        mask[0, start:start + span] = True
-    labels = ids.masked_fill(~mask, -100)
-    paths = {
-        "full": lambda: model(input_ids=ids, labels=labels).loss,
-        "trl_fused": lambda: fused(input_ids=ids, labels=labels, fused_lm_head=True).loss,
-        "trl_fused_compact": lambda: _with_compact_fused_head(
-            mock, lambda: fused(input_ids=ids, labels=labels, fused_lm_head=True).loss),
-        "labelled_only": lambda: labelled_only_loss(model, ids, labels),
-    }
-    results = {}
-    for name, loss_of in paths.items():
-        times = []
-        for _ in range(steps + 1):  # the first is a warm-up
-            started = time.perf_counter()
-            loss = loss_of()
-            loss.backward()
-            times.append(time.perf_counter() - started)
-            model.zero_grad(set_to_none=True)
-            fused.zero_grad(set_to_none=True)
-        results[name] = {"seconds": min(times[1:]), "loss": loss.item()}
-    return results
-
-
-def _with_compact_fused_head(mock, loss_of):
-    with mock.patch("trl.trainer.utils._use_triton", lambda device: True):
-        return loss_of()
-
-
-# --------------------------------------------------------------------------- throughput
-
-
-def measure_throughput(
-    tokenizer_vocab: int,
-    *,
-    hidden: int,
-    layers: int,
-    heads: int,
-    batch: int = 8,
-    seq: int = 256,
-    steps: int = 5,
-    smeared_keys: bool = False,
-) -> tuple[int, float]:
-    """(parameters, tokens/s) of fp32 forward+backward+AdamW steps on random token ids (plain or smeared keys).
-
-    Reports the fastest of `steps` timed steps (after one warm-up): on a shared machine the mean mostly
-    measures the neighbours, the best step is the closest to the machine's own speed.
-    """
-    config_class, model_class = (SmearedKeyLlamaConfig, SmearedKeyLlamaForCausalLM) if smeared_keys else (
-        LlamaConfig, LlamaForCausalLM)
-    config = config_class(
-        vocab_size=tokenizer_vocab,
-        hidden_size=hidden,
-        intermediate_size=ffn_width(hidden),
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=max(seq, 1024),
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = model_class(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, tokenizer_vocab, (batch, seq))
-
-    def step() -> None:
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()
-    fastest = math.inf
-    for _ in range(steps):
-        started = time.perf_counter()
-        step()
-        fastest = min(fastest, time.perf_counter() - started)
-    return count_parameters(model), batch * seq / fastest
-
-
 # --------------------------------------------------------------------------- CLI
 
 
@@ -553,71 +441,27 @@ def main(argv: list[str] | None = None) -> int:
         build.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
                            help=f"default: the preset's (tiny: {tiny_value})")
 
-    bench = commands.add_parser("bench", help="parameters and training tokens/s for candidate sizes")
-    bench.add_argument("--vocab-size", type=int, default=DEFAULT_SIZES["vocab_size"])
-    bench.add_argument(
-        "--sizes", nargs="+", default=["192x4x3", "256x4x4", "384x6x6"], help="HIDDENxLAYERSxHEADS candidates"
-    )
-    bench.add_argument("--steps", type=int, default=5)
-    bench.add_argument("--smeared-keys", type=int, nargs="+", choices=(0, 1), default=[0],
-                       help="0: plain Llama keys, 1: smeared keys; both (0 1) measures them side by side")
-    head = commands.add_parser("bench-head", help="forward+backward time of the LM-head paths on an SFT-shaped row")
-    head.add_argument("--seq", type=int, default=4096)
-    head.add_argument("--labelled", type=float, default=0.2, help="share of labelled (assistant) positions")
-    head.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
 
-    if args.command == "bench-head":
-        if not 0 < args.labelled <= 1 or args.seq < 80 or args.steps < 1:
-            parser.error("bench-head: --labelled must be in (0, 1], --seq at least 80, --steps at least 1")
-        results = measure_head_paths(seq=args.seq, labelled=args.labelled, steps=args.steps)
-        print(f"torch threads: {torch.get_num_threads()}; 1 x {args.seq} tokens, {args.labelled:.0%} labelled, "
-              f"tiny model, fp32 forward+backward, best of {args.steps}")
-        for name, r in results.items():
-            print(f"{name:>14}: {r['seconds']:6.3f} s  loss {r['loss']:.6f}  "
-                  f"({results['full']['seconds'] / r['seconds']:.2f}x full)")
-        return 0
+    given = {name: getattr(args, name) for name in DEFAULT_SIZES if getattr(args, name) is not None}
+    args.preset = args.preset or ("tiny" if args.corpus else PRETRAINED_PRESET)
+    if args.preset == PRETRAINED_PRESET:
+        from nanocomposer.base_model import BaseModelError, convert
 
-    if args.command == "build":
-        given = {name: getattr(args, name) for name in DEFAULT_SIZES if getattr(args, name) is not None}
-        args.preset = args.preset or ("tiny" if args.corpus else PRETRAINED_PRESET)
-        if args.preset == PRETRAINED_PRESET:
-            from nanocomposer.base_model import BaseModelError, convert
-
-            if given or args.corpus:
-                parser.error(f"build --preset {PRETRAINED_PRESET}: size flags and --corpus are for from-scratch presets")
-            try:
-                out = convert(args.out, force=args.force)
-            except BaseModelError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 2
-            print(f"base model: {out} ({json.loads((out / 'base_model.json').read_text())['parameters']:,} parameters)")
-            return 0
-        if args.corpus is None:
-            parser.error(f"build --preset {args.preset}: --corpus is required (the tokenizer is trained on it)")
-        out = build_base(args.out, args.corpus, **{**PRESETS[args.preset], **given})
-        print((out / "README.md").read_text(encoding="utf-8"))
-        return 0
-
-    print(f"torch threads: {torch.get_num_threads()}; batch 8x256, fp32, forward+backward+AdamW, best step")
-    for size in args.sizes:
+        if given or args.corpus:
+            parser.error(f"build --preset {PRETRAINED_PRESET}: size flags and --corpus are for from-scratch presets")
         try:
-            hidden, layers, heads = (int(part) for part in size.split("x"))
-        except ValueError:
-            parser.error(f"--sizes: {size!r} is not HIDDENxLAYERSxHEADS")
-        for smeared in args.smeared_keys:
-            params, tokens_per_s = measure_throughput(
-                args.vocab_size, hidden=hidden, layers=layers, heads=heads, steps=args.steps, smeared_keys=bool(smeared)
-            )
-            print(
-                f"hidden {hidden:4d} layers {layers:2d} heads {heads:2d} {'smeared' if smeared else 'plain':>7} keys: "
-                f"{params / 1e6:5.1f} M params, {tokens_per_s:7,.0f} tokens/s"
-            )
+            out = convert(args.out, force=args.force)
+        except BaseModelError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"base model: {out} ({json.loads((out / 'base_model.json').read_text())['parameters']:,} parameters)")
+        return 0
+    if args.corpus is None:
+        parser.error(f"build --preset {args.preset}: --corpus is required (the tokenizer is trained on it)")
+    out = build_base(args.out, args.corpus, **{**PRESETS[args.preset], **given})
+    print((out / "README.md").read_text(encoding="utf-8"))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 # --------------------------------------------------------------------------- tool lists in a checkpoint's template
@@ -639,3 +483,7 @@ def template_renders_tools(tokenizer) -> bool:
     except Exception:  # noqa: BLE001  (a template that raises on tools, however, cannot show them)
         return False
     return PROBE_TOOL_NAME in text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

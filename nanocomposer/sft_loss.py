@@ -26,7 +26,7 @@ Speed: `python -m nanocomposer.sft_loss bench --steps 2 --rows 48` times SFTTrai
 backward, AdamW; fp32 on CPU) of the tiny base `artifacts/base` on the first packed 4096-token row of
 artifacts/data/sft/dataset, the stock loss and the labelled-only one interleaved on the same row and model. Not
 yet measured: in this session the 2-core machine was saturated (load 10-14, another job at 180% CPU) and the
-run got ~1% of a core. Expected from `python -m nanocomposer.model bench-head` (forward+backward of the head
+run got ~1% of a core. Expected from `python -m bench.model_speed head` (forward+backward of the head
 paths on an SFT-shaped row): labelled-only 1.5x the full head and 2.0x TRL's CPU fused head.
 """
 

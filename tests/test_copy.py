@@ -230,7 +230,7 @@ def test_tool_header_fits_the_budget(code_tokenizer):
 
 
 def test_head_benchmark_paths_agree_on_the_loss():
-    from nanocomposer.model import measure_head_paths
+    from bench.model_speed import measure_head_paths
 
     results = measure_head_paths(vocab=512, hidden=32, layers=1, heads=2, seq=160, labelled=0.25, steps=1)
     assert set(results) == {"full", "trl_fused", "trl_fused_compact", "labelled_only"}
