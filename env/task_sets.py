@@ -1,6 +1,6 @@
 """Task sets by name, so eval runs say what they measured in one word.
 
-    samples                                   the hand-made sample tasks (data/samples)
+    samples                                   the hand-made sample tasks (data/samples, built by data/build_samples.py)
     factory:<split>[/<family>][/<tier>]       the task factory's split, optionally one family and/or tier
                                               (e.g. factory:test, factory:val/fix_bug, factory:test/micro);
                                               root: $NANOCOMPOSER_TASKS or artifacts/data/tasks
@@ -104,6 +104,10 @@ def resolve_task_set(spec: str, *, tasks_root_dir: str | Path | None = None,
     """A named task set or a directory (see the module docstring); TaskError naming what exists otherwise."""
     spec = str(spec).strip()
     if spec == "samples":
+        unbuilt = sorted(p.name for p in SAMPLES_DIR.iterdir() if (p / "task.json").is_file() and not (p / "repo").is_dir())
+        if unbuilt:  # their repos are made from data/projects, see data/samples/README.md
+            raise TaskError(f"task set 'samples': {', '.join(unbuilt)} not built yet: run `python -m data.build_samples` "
+                            "(make install does)")
         tasks = load_task_set(SAMPLES_DIR)
         return TaskSet(spec, list(tasks), "harness", spec, str(SAMPLES_DIR), _invalid(tasks))
     if spec.startswith("factory:"):

@@ -6,7 +6,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from data.build_samples import build_samples
 from env.tasks import load_task, make_patch, write_task
+
+# data/samples' repos are built from data/projects; test modules load them at import, so build before any is
+# collected (a no-op when up to date; a lock serialises the xdist workers).
+build_samples()
 
 CALC_REPO = {
     "calc/__init__.py": "",

@@ -1,1 +1,0 @@
-# Keeps the project root on sys.path so `pytest` (not only `python -m pytest`) finds the package.
