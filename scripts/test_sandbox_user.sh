@@ -24,8 +24,9 @@ user_py=$(command -v "/usr/bin/python$version" || true)
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/src/tests" "$tmp/site" "$tmp/home"
+mkdir -p "$tmp/src/tests" "$tmp/src/data" "$tmp/site" "$tmp/home"
 cp -r env pyproject.toml README.md "$tmp/src/"
+cp data/__init__.py data/build_samples.py "$tmp/src/data/"  # tests/conftest.py imports it
 cp tests/conftest.py "${TESTS[@]}" "$tmp/src/tests/"
 "$PY" - "$tmp/site" <<'EOF'
 """Copy pytest and everything it requires (transitively) from this interpreter's site-packages."""
