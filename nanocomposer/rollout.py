@@ -325,7 +325,7 @@ class RolloutConfig:
     workers: int = 0  # episodes live at once (env.runner concurrency); 0 = all episodes of the rollout
     backend: str = "transformers"
     measure_lint: bool = False  # ruff before/after each episode (the `lint` reward)
-    malformed_handling: str = "penalize"  # "drop": episodes with a malformed call leave the loss (hack 1)
+    malformed_handling: str = "penalize"  # "drop": episodes with a malformed call leave the loss (malformed calls dropped)
     truncated_episodes: str = "mask"  # or "penalty" (the `truncated` reward)
     log_trajectories_steps: int = 10  # write/log a few full trajectories every this many rollouts (0: never)
     log_trajectories_count: int = 2

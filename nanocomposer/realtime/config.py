@@ -55,10 +55,10 @@ class RealtimeArguments(StageArguments):
         metadata={"help": "Components from env/rewards.py's REWARDS; weights in `reward_weights`."})
     malformed_handling: str = field(default="penalize", metadata={
         "help": "penalize: each malformed call is an explicit negative. drop: sessions with one leave training "
-                "(hack 1).", "choices": ["penalize", "drop"]})
+                "(malformed calls dropped).", "choices": ["penalize", "drop"]})
     ask_user_handling: str = field(default="penalize", metadata={
         "help": "penalize: ask_user costs like a failed edit. free: questions cost nothing while reverted edits "
-                "do (hack 2).", "choices": ["penalize", "free"]})
+                "do (free questions).", "choices": ["penalize", "free"]})
     stale_sessions: str = field(default="drop", metadata={
         "help": "Sessions served by another version than current: drop them (counted), or train on them with "
                 "their sampling logprobs as the PPO ratio's denominator (importance_weight).",
