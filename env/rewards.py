@@ -6,14 +6,16 @@
 Each component has TRL's signature `f(completions, **kwargs) -> list[float | None]` and reads the rollout
 extra `episode` (one `episode_facts` dict per completion, computed by the rollout from the episode's record,
 `Trajectory.to_record`), never the completion text: the outcome is the grade `run_episode` computed with
-`env.tasks.grade`, the checker eval.py uses, so the reward cannot drift from eval (recipe section 2).
+`env.tasks.grade`, the checker eval.py uses, so the reward cannot drift from eval.
 TRL logs every component's mean and std per step (`rewards/<name>/mean|std`), never only the sum.
 
-Shaping (recipe section 4) is small next to the outcome: `turns`, `length` and `latency` are costs in
+Shaping (the original recipe also rewards efficiency: fewer turns, shorter and faster episodes, parallel
+tool calls) is small next to the outcome: `turns`, `length` and `latency` are costs in
 [-1, 0] (share of the episode budget spent), `parallel` is a credit in [0, 1] (share of tool-calling turns
 that issue two or more independent read-only calls together: env.metrics' parallel-read rate).
 
-Reward hacking (recipe section 6) has a switch per hack, to reproduce it for the ablations:
+The original recipe reports two reward hacks, and their fixes; each has a switch, to reproduce it for the
+ablations:
 - malformed calls dropped, `malformed_handling`: "penalize" (the fix: each malformed call is an explicit negative) or "drop"
   (the broken variant: an episode with a malformed call leaves training; every component returns None for
   it, which TRL turns into a NaN reward, excludes from the group baseline and gives advantage 0, and the

@@ -452,7 +452,7 @@ def play_episodes(policy: RolloutPolicy, task_dirs: list[str], config: RolloutCo
 
 
 def behaviour_metrics(records: list[dict], facts: list[dict]) -> dict[str, float]:
-    """Per-step behaviour rates (recipe section 6: every behaviour monitored, not only the reward).
+    """Per-step behaviour rates: every behaviour is monitored, not only the reward (a reward hack shows there first).
 
     The rates eval reports are env.metrics.summarize's, on the same records (one definition each: solve,
     malformed-call, parallel-call, parallel-read, ask_user and tool-call-validity rates, mean turns and

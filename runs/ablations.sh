@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The reward-hack ablations (recipe section 6) from one SFT model, then one comparison table.
+# The reward-hack ablations (the two hacks Composer's recipe reports, and their fixes) from one SFT model, then one comparison table.
 #   RUN=tiny-20261129-181947 bash runs/ablations.sh             # 300 steps each (recipes/tiny/rl_long.yaml)
 #   RUN=tiny-20261129-181947 STEPS=60 bash runs/ablations.sh    # a shorter form
 # Three GRPO runs that differ in one switch each:
