@@ -43,6 +43,7 @@ import sys
 from pathlib import Path
 
 from env.metrics import paired_bootstrap_interval, wilson_interval
+from nanocomposer.policies import POLICY_BACKENDS
 
 METRICS = (("persisting_edits", "rate"), ("dissatisfied_followups", "rate"), ("latency_s", "mean"))
 
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ab.add_argument("--max-new-tokens", type=int, default=None, help="override the budget file's max_new_tokens")
     ab.add_argument("--temperature", type=float, default=1.0, help="as served in the loop")
     ab.add_argument("--session-timeout-s", type=float, default=None, help="override the budget file's max_wall_s")
-    ab.add_argument("--backend", default="auto", choices=("auto", "transformers", "vllm"))
+    ab.add_argument("--backend", default="auto", choices=POLICY_BACKENDS)
     ab.add_argument("--out", required=True)
     cycles = sub.add_parser("cycles", help="per-cycle live behaviour of loops (e.g. the two hack runs)")
     cycles.add_argument("runs", nargs="+", help="runs/<run> (or its realtime/ directory)")

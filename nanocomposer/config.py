@@ -45,6 +45,7 @@ import yaml
 from trl import TrlParser
 
 from env.budget import BUDGET_FILE, BUDGET_FILE_KEYS, Budget, BudgetError, load_budget_file
+from nanocomposer.policies import GENERATION_BACKENDS
 
 
 class ConfigError(SystemExit):
@@ -627,7 +628,7 @@ class RLScriptArguments(StageArguments):
     generation_backend: str = field(
         default="transformers",
         metadata={"help": "transformers (the trainer's live model, batched) or vllm (TRL's engine: set use_vllm and "
-                          "vllm_mode too).", "choices": ["transformers", "vllm"]},
+                          "vllm_mode too).", "choices": list(GENERATION_BACKENDS)},
     )
     dominance_threshold: float = field(
         default=0.8, metadata={"help": "Warn when one shaping reward (any after the first in reward_funcs) makes "

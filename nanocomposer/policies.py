@@ -19,7 +19,8 @@ from pathlib import Path
 from env.policies import POLICIES, get_policy, is_checkpoint_spec
 
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "max_context")
-BACKENDS = ("auto", "transformers", "vllm")
+GENERATION_BACKENDS = ("transformers", "vllm")  # what generates a checkpoint's tokens (ModelPolicy, rollouts)
+POLICY_BACKENDS = ("auto", *GENERATION_BACKENDS)  # what --backend accepts; resolve_backend picks for auto
 # Policy kinds named by a prefix, `<prefix><rest>` -> the module serving them, which has `build(spec, sampling)`
 # (a batched policy: act_batch, optionally open_stream) and `label(spec)`. They need no torch and load nothing.
 KINDS = {
@@ -56,8 +57,8 @@ def resolve_backend(backend: str) -> str:
     `auto`: vllm when torch sees a GPU and vllm imports (a broken vllm install warns and falls back);
     `vllm` is returned as asked, and ModelPolicy fails with a one-line `BackendUnavailable` if it cannot run.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if backend not in POLICY_BACKENDS:
+        raise ValueError(f"--backend {backend!r}: expected one of {', '.join(POLICY_BACKENDS)}")
     if backend != "auto":
         return backend
     import importlib.util

@@ -75,9 +75,9 @@ from env.runner import TaskRef
 from env.tasks import Task, TaskError, load_task
 from env.workspace import make_workspace, remove_workspace
 from nanocomposer.generation import DEFAULT_PREFIX_CACHE_POSITIONS, Completion, TransformersGenerator
+from nanocomposer.policies import GENERATION_BACKENDS
 from nanocomposer.policy import END_OF_TURN, ModelPolicy, SamplingConfig
 
-BACKENDS = ("transformers", "vllm")
 TRUNCATED_EPISODES = ("mask", "penalty")
 
 
@@ -339,8 +339,8 @@ class RolloutConfig:
     batch_wait_s: float = 1.0
 
     def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise ValueError(f"RolloutConfig.backend={self.backend!r}: expected one of {BACKENDS}")
+        if self.backend not in GENERATION_BACKENDS:
+            raise ValueError(f"RolloutConfig.backend={self.backend!r}: expected one of {GENERATION_BACKENDS}")
         if self.truncated_episodes not in TRUNCATED_EPISODES:
             raise ValueError(f"RolloutConfig.truncated_episodes={self.truncated_episodes!r}: expected one of "
                              f"{TRUNCATED_EPISODES}")

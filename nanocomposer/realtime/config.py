@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from env.budget import Budget
 from nanocomposer.config import ArgumentError, StageArguments, budget_from_arguments
+from nanocomposer.policies import POLICY_BACKENDS
 
 STALE_SESSIONS = ("drop", "importance_weight")
 BASELINES = ("family", "batch")
@@ -48,7 +49,7 @@ class RealtimeArguments(StageArguments):
         "help": "Per tool result (head and tail kept)."})
     command_timeout_s: float = field(default=Budget.command_timeout_s, metadata={"help": "Per sandboxed command."})
     backend: str = field(default="auto", metadata={"help": "Generation backend of server and gate.",
-                                                   "choices": ["auto", "transformers", "vllm"]})
+                                                   "choices": list(POLICY_BACKENDS)})
     reward_funcs: list[str] = field(
         default_factory=lambda: ["edit_kept", "edit_reverted", "dissatisfied", "latency", "malformed",
                                  "failed_actions"],
