@@ -32,6 +32,7 @@ from pathlib import Path
 
 from env.budget import Budget, BudgetError
 from env.workspace import DEFAULT_STAGE_MAX_BYTES, DEFAULT_STAGE_MAX_FILES
+from nanocomposer.policies import POLICY_BACKENDS
 
 DEFAULT_HOME = Path("runs") / "agent"
 EXIT_ERROR = 2
@@ -67,7 +68,7 @@ def _episode_args(p: argparse.ArgumentParser) -> None:
                    help="sampling seed (>= 0): each turn samples with a seed derived from it, the session's sample "
                         "key and the turn, so the same seed and session sample the same tokens; also the oracle's "
                         "scripted variety (default: %(default)s)")
-    p.add_argument("--backend", default="auto", choices=("auto", "transformers", "vllm"))
+    p.add_argument("--backend", default="auto", choices=POLICY_BACKENDS)
     p.add_argument("--registry", default=str(DEFAULT_HOME / "registry"),
                    help="model registry (versions/<name>/ + current); the default model is its current version")
 

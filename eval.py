@@ -51,7 +51,7 @@ from env.tasks import Task, TaskError, spread_subset
 from nanocomposer import reporting
 from nanocomposer.config import RecipeParser
 from nanocomposer.policies import (
-    BACKENDS,
+    POLICY_BACKENDS,
     build_policy,
     is_scripted,
     needs_torch,
@@ -85,7 +85,7 @@ class EvalArguments:
         "help": "only N tasks of each set, evenly spaced over it by id (so every family of a mixed set is in)"})
     backend: str = field(default="auto", metadata={"help": "generation backend for checkpoints: auto = vllm on a "
                                                            "GPU with vllm installed, else transformers",
-                                                   "choices": list(BACKENDS)})
+                                                   "choices": list(POLICY_BACKENDS)})
     tasks_root: str | None = field(default=None, metadata={"help": "factory output for factory:* ($NANOCOMPOSER_TASKS)"})
     humaneval_dir: str | None = field(default=None, metadata={"help": "HumanEval cache ($NANOCOMPOSER_HUMANEVAL)"})
     bootstrap: int = field(default=BOOTSTRAP_RESAMPLES, metadata={"help": "resamples for difference intervals"})

@@ -2,8 +2,8 @@
 
     python realtime_rl.py --config recipes/tiny/realtime.yaml --model_name_or_path runs/demo/sft --run rt
     python realtime_rl.py --config recipes/tiny/realtime.yaml --run rt          # after a kill: resumes the cycle
-    python realtime_rl.py --config recipes/tiny/realtime.yaml --run rt-h1 --malformed_handling drop   # hack 1
-    python realtime_rl.py --config recipes/tiny/realtime.yaml --run rt-h2 --ask_user_handling free    # hack 2
+    python realtime_rl.py --config recipes/tiny/realtime.yaml --run rt-malformed-dropped --malformed_handling drop
+    python realtime_rl.py --config recipes/tiny/realtime.yaml --run rt-free-questions --ask_user_handling free
 
 One cycle (nanocomposer/realtime/): the registry's `current` version serves simulated users through
 `agent.py serve` (real processes, HTTP); the cycle's finished sessions served by that version are collected

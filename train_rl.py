@@ -3,7 +3,7 @@
     python train_rl.py --config recipes/smol/rl.yaml --run demo                  # starts from runs/demo/sft
     python train_rl.py --config recipes/tiny/rl.yaml --run demo                  # the tiny preset
     python train_rl.py --config recipes/tiny/rl.yaml --run demo --resume         # continue the last checkpoint
-    python train_rl.py --config recipes/tiny/rl_long.yaml --run abl --malformed_handling drop   # hack-1 ablation
+    python train_rl.py --config recipes/tiny/rl_long.yaml --run abl --malformed_handling drop   # malformed-dropped ablation
     python train_rl.py --config recipes/gpu/rl.yaml --run r1                     # Qwen2.5-Coder + LoRA, vLLM colocate
 
 Data: the task directories under `tasks_dir` (a task-factory split). Each becomes one prompt row (its

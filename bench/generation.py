@@ -36,6 +36,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+from nanocomposer.policies import GENERATION_BACKENDS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MICRO_SIZES = {"vocab_size": 512, "hidden": 64, "layers": 2, "heads": 2, "context": 4096, "seed": 0}
 # A top-2 logit gap below this where the backends' greedy tokens first differ is a tie, not a disagreement:
@@ -263,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-random", type=Path, metavar="DIR",
                         help="write a random checkpoint of the demo's shape to DIR (then benchmark it)")
     parser.add_argument("--micro", action="store_true", help="with --build-random: the test suite's micro size")
-    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
+    parser.add_argument("--backend", choices=GENERATION_BACKENDS, default="transformers")
     parser.add_argument("--batch", type=parse_batches, default=[1, 4, 8, 16], help="batch sizes, e.g. 1,4,8,16")
     parser.add_argument("--prompts", type=int, default=32, help="prompts per pass (default 32)")
     parser.add_argument("--max-new-tokens", type=int, default=128)

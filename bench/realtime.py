@@ -3,8 +3,8 @@
     python -m bench.realtime ab --a runs/rt/realtime/registry/versions/v0 --b runs/rt/realtime/registry/versions/v5 \\
         --tasks factory:val --sessions 400 --recipe recipes/tiny/users.yaml --budget recipes/tiny/budget.yaml \\
         --out runs/rt/ab
-    python -m bench.realtime cycles runs/rt runs/rt-hack1 runs/rt-hack2 --out runs/rt/cycles.md
-    python -m bench.realtime behaviours runs/rt-hack2 [--config recipes/tiny/realtime.yaml --ask_user_handling free ...]
+    python -m bench.realtime cycles runs/rt runs/rt-malformed-dropped runs/rt-free-questions --out runs/rt/cycles.md
+    python -m bench.realtime behaviours runs/rt-free-questions [--config recipes/tiny/realtime.yaml --ask_user_handling free ...]
 
 `ab`: each arm is its own `agent.py serve` (own registry and database) facing the same simulated users: the
 same population seed and task draw, and the same server `--seed`, so conversation i of arm A and of arm B is
@@ -21,13 +21,13 @@ dissatisfied follow-ups, -10.3% latency). Writes <out>/ab.json and ab.md.
 `cycles`: one table per loop directory (runs/<run>) from its cycles' collect.json and cycle.json: live
 persisting-edit, dissatisfied, malformed-session, ask_user and edit rates, latency, the gate's decision, and
 the monitor's warnings (the candidate's drift from v0 on the gate tasks; for a loop that predates the monitor,
-computed from its gate reports with the recipe's default thresholds), which is where hack 1 (malformed calls)
-and hack 2 (questions instead of edits) show across cycles.
+computed from its gate reports with the recipe's default thresholds), which is where dropping malformed calls
+(more malformed calls) and free questions (questions instead of edits) show across cycles.
 
 `behaviours`: the cycles' sessions split by what they did (asked a question / tried an edit and asked nothing /
 neither): how many, the mean weighted reward of each (nanocomposer/realtime/rewards.py `reward_by_behaviour`,
 the loop's own numbers), and what the users did with the edits. A reward under which `asked` out-scores
-`edited` teaches questions instead of edits (hack 2). Loops log it in collect.json; for a loop that predates
+`edited` teaches questions instead of edits (free questions). Loops log it in collect.json; for a loop that predates
 that, or to score its sessions under another reward, give the loop's realtime_rl.py flags after the run (its
 recipe and overrides): the rewards are recomputed from the database with them.
 """
@@ -43,6 +43,7 @@ import sys
 from pathlib import Path
 
 from env.metrics import paired_bootstrap_interval, wilson_interval
+from nanocomposer.policies import POLICY_BACKENDS
 
 METRICS = (("persisting_edits", "rate"), ("dissatisfied_followups", "rate"), ("latency_s", "mean"))
 
@@ -322,12 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     ab.add_argument("--max-new-tokens", type=int, default=None, help="override the budget file's max_new_tokens")
     ab.add_argument("--temperature", type=float, default=1.0, help="as served in the loop")
     ab.add_argument("--session-timeout-s", type=float, default=None, help="override the budget file's max_wall_s")
-    ab.add_argument("--backend", default="auto", choices=("auto", "transformers", "vllm"))
+    ab.add_argument("--backend", default="auto", choices=POLICY_BACKENDS)
     ab.add_argument("--out", required=True)
     cycles = sub.add_parser("cycles", help="per-cycle live behaviour of loops (e.g. the two hack runs)")
     cycles.add_argument("runs", nargs="+", help="runs/<run> (or its realtime/ directory)")
     cycles.add_argument("--out", default=None)
-    behaviours = sub.add_parser("behaviours", help="sessions that asked vs edited, and the reward of each (hack 2)")
+    behaviours = sub.add_parser("behaviours", help="sessions that asked vs edited, and the reward of each (free questions)")
     behaviours.add_argument("run", help="runs/<run> (or its realtime/ directory)")
     behaviours.add_argument("--out", default=None)
     behaviours.add_argument("recipe_args", nargs=argparse.REMAINDER,

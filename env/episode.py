@@ -2,8 +2,8 @@
 
 SFT trajectory generation, RL rollouts, eval and the self-hosted agent all play episodes through this
 module (`run_episode` for one episode, `env.runner.run_tasks` for many at once), so the model sees the same
-system prompt, tool schemas, parsing, tool-result formatting, truncation and budgets everywhere (recipe
-section 2: "train in the same harness the users use").
+system prompt, tool schemas, parsing, tool-result formatting, truncation and budgets everywhere (the
+original recipe trains the model in the same harness its users use).
 
     task -> fresh workspace -> [policy.act(messages, tools) -> parse -> run calls
     (parallel calls concurrently) -> tool messages]* -> exit status -> grade -> Trajectory
@@ -127,8 +127,8 @@ class EpisodeConfig:
     sandbox_backend: str = "auto"
     prompts_file: str = str(PROMPTS_FILE)
     keep_workspace: bool = False
-    # Self-summarisation hook (recipe section 4): called before each policy turn; returns the
-    # (possibly compacted) message list. Off by default.
+    # Self-summarisation hook (the original recipe has the agent compact its own long context): called before
+    # each policy turn; returns the (possibly compacted) message list. Off by default.
     compactor: Callable[[list[dict]], list[dict]] | None = field(default=None, repr=False)
     # Who answers `ask_user` (a person at agent.py's terminal, a simulated user); None: the task's scripted answer.
     ask_user: Callable[[str], str] | None = field(default=None, repr=False)

@@ -250,7 +250,7 @@ def compare_paired(baseline: Sequence, other: Sequence, resamples: int = BOOTSTR
                    seed: int = 0) -> dict:
     """Solve-rate difference (other - baseline) on the tasks both ran, with the paired bootstrap interval, and
     the same for malformed calls per episode (`malformed_per_episode`): whether a change to training made
-    broken calls rarer is as much a result as the solve rate (reward hack 1 shows there first)."""
+    broken calls rarer is as much a result as the solve rate (the malformed-calls-dropped hack shows there first)."""
     a, b = per_task_scores(baseline), per_task_scores(other)
     common = sorted(a.keys() & b.keys())
     mean, lo, hi = paired_bootstrap_interval([a[t] for t in common], [b[t] for t in common], resamples, seed)

@@ -11,7 +11,7 @@ silently dropped or read as plain text: every block that is not a valid call (ba
 unknown tool, missing, unexpected or mistyped arguments, an unclosed or stray tag) becomes
 a `MalformedCall` whose `error` says exactly what was wrong. The episode answers it with a
 tool message carrying that error and counts it, which is what lets RL treat malformed
-calls as explicit negatives (Composer's fix for "hack 1", recipe section 6).
+calls as explicit negatives (Composer's fix for the reward hack of dropping malformed calls from the loss).
 
 `parse_turn` never raises, whatever the text: JSON nested deeper than `MAX_DEPTH`, integers
 outside +-(2**63 - 1) (Python refuses to even print ints of 4,300+ digits), NaN / Infinity

@@ -6,19 +6,21 @@
 Each component has TRL's signature `f(completions, **kwargs) -> list[float | None]` and reads the rollout
 extra `episode` (one `episode_facts` dict per completion, computed by the rollout from the episode's record,
 `Trajectory.to_record`), never the completion text: the outcome is the grade `run_episode` computed with
-`env.tasks.grade`, the checker eval.py uses, so the reward cannot drift from eval (recipe section 2).
+`env.tasks.grade`, the checker eval.py uses, so the reward cannot drift from eval.
 TRL logs every component's mean and std per step (`rewards/<name>/mean|std`), never only the sum.
 
-Shaping (recipe section 4) is small next to the outcome: `turns`, `length` and `latency` are costs in
+Shaping (the original recipe also rewards efficiency: fewer turns, shorter and faster episodes, parallel
+tool calls) is small next to the outcome: `turns`, `length` and `latency` are costs in
 [-1, 0] (share of the episode budget spent), `parallel` is a credit in [0, 1] (share of tool-calling turns
 that issue two or more independent read-only calls together: env.metrics' parallel-read rate).
 
-Reward hacking (recipe section 6) has a switch per hack, to reproduce it for the ablations:
-- hack 1, `malformed_handling`: "penalize" (the fix: each malformed call is an explicit negative) or "drop"
+The original recipe reports two reward hacks, and their fixes; each has a switch, to reproduce it for the
+ablations:
+- malformed calls dropped, `malformed_handling`: "penalize" (the fix: each malformed call is an explicit negative) or "drop"
   (the broken variant: an episode with a malformed call leaves training; every component returns None for
   it, which TRL turns into a NaN reward, excludes from the group baseline and gives advantage 0, and the
   rollout zeroes its loss mask).
-- hack 2, `ask_user_handling`: "penalize" (the fix: `failed_actions` counts questions like failed edits) or
+- free questions, `ask_user_handling`: "penalize" (the fix: `failed_actions` counts questions like failed edits) or
   "free" (the broken variant: only failed edits cost, so asking instead of editing is free).
 """
 
@@ -114,7 +116,8 @@ def outcome_partial(completions, **kwargs) -> list[float]:
 
 
 def malformed(completions, **kwargs) -> list[float]:
-    """-1 per malformed tool call (at most MALFORMED_CAP): the explicit negative that fixes hack 1."""
+    """-1 per malformed tool call (at most MALFORMED_CAP): the explicit negative that fixes
+    malformed calls being dropped from the loss."""
     return [-float(min(e["malformed_calls"], MALFORMED_CAP)) for e in _facts(kwargs, "malformed")]
 
 
@@ -154,7 +157,7 @@ def truncated(completions, **kwargs) -> list[float]:
 def make_failed_actions(penalize_questions: bool = True) -> RewardFunc:
     """Minus (failed edits [+ ask_user calls]) over the turn budget, floored at -1.
 
-    With `penalize_questions=False` a question costs nothing while a failed edit does: Composer's hack 2,
+    With `penalize_questions=False` a question costs nothing while a failed edit does: Composer's free-questions hack,
     where the model learned to defer risky edits by asking clarifying questions.
     """
 
@@ -173,7 +176,7 @@ def make_failed_actions(penalize_questions: bool = True) -> RewardFunc:
 # Components of the agent server's sessions (nanocomposer/realtime): the facts also hold `live`, what the user
 # did with the session by the cycle's cut-off: {"kept", "reverted", "dissatisfied"} (booleans; `dissatisfied`:
 # a dissatisfied follow-up or the user gave up). Malformed calls, latency and ask_user (`failed_actions`, with
-# the hack-2 switch) are the components above, read from the same facts.
+# the free-questions switch) are the components above, read from the same facts.
 
 
 def _live(kwargs: dict, name: str) -> list[dict]:

@@ -124,7 +124,7 @@ from typing import Self
 
 from env.workspace import DEFAULT_DISK_MB, pid_alive
 
-BACKENDS = ("bwrap", "unshare", "rlimits")
+SANDBOX_BACKENDS = ("bwrap", "unshare", "rlimits")  # how commands are isolated, strongest first; or "auto"
 SANDBOX_UID = 65534  # "nobody": the uid commands see inside bwrap; also their host uid when we are root
 
 # /etc entries programs need (dynamic linker, user/group names, locale/time, TLS roots, shell rc,
@@ -592,7 +592,7 @@ def _backend_argv(backend: str, workspace: Path, limits: Limits) -> tuple[list[s
         return ["unshare", *user, "--net", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child", "--"], ()
     if backend == "rlimits":
         return [], ()
-    raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {BACKENDS} or 'auto'")
+    raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {SANDBOX_BACKENDS} or 'auto'")
 
 
 @functools.cache
@@ -617,7 +617,7 @@ def backend_unavailable_reason(backend: str) -> str | None:
 def detect_backend() -> str:
     """The strongest backend that works here: "bwrap" | "unshare" | "rlimits" (probed once)."""
     reasons = []
-    for backend in BACKENDS[:-1]:
+    for backend in SANDBOX_BACKENDS[:-1]:
         reason = backend_unavailable_reason(backend)
         if reason is None:
             break
@@ -759,8 +759,8 @@ class Sandbox:
             raise NotADirectoryError(f"sandbox workspace {self.workspace} is not a directory")
         if backend == "auto":
             backend = detect_backend()
-        elif backend not in BACKENDS:
-            raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {BACKENDS} or 'auto'")
+        elif backend not in SANDBOX_BACKENDS:
+            raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {SANDBOX_BACKENDS} or 'auto'")
         if max_output_chars < 2:
             raise ValueError(f"max_output_chars must be >= 2, got {max_output_chars}")
         if not isinstance(limits, Limits):

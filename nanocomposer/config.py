@@ -45,6 +45,7 @@ import yaml
 from trl import TrlParser
 
 from env.budget import BUDGET_FILE, BUDGET_FILE_KEYS, Budget, BudgetError, load_budget_file
+from nanocomposer.policies import GENERATION_BACKENDS
 
 
 class ConfigError(SystemExit):
@@ -160,7 +161,7 @@ def recipe_reward_funcs(names: list[str], weights: list[float] | None, *, malfor
 
 
 # TRL's GRPOTrainer warns, with the whole prompt and completion, for every batch holding a row where all reward
-# functions returned None. Under malformed_handling="drop" that row is the hack-1 ablation doing what it is
+# functions returned None. Under malformed_handling="drop" that row is the malformed-calls-dropped ablation doing what it is
 # meant to (the episode leaves the loss), so the warning is noise: 84 prompt dumps in a 100-step run. The
 # share of dropped episodes is logged instead (rollout/dropped_rate; the real-time loop counts them).
 TRL_ALL_NONE_WARNING = "All reward functions returned None"
@@ -589,13 +590,13 @@ class RLScriptArguments(StageArguments):
     malformed_handling: str = field(
         default="penalize",
         metadata={"help": "penalize: each malformed call is an explicit negative (the fix). drop: episodes with a "
-                          "malformed call leave the loss (Composer's hack 1, for the ablation).",
+                          "malformed call leave the loss (Composer's malformed-calls-dropped hack, for the ablation).",
                   "choices": ["penalize", "drop"]},
     )
     ask_user_handling: str = field(
         default="penalize",
         metadata={"help": "penalize: `failed_actions` counts ask_user calls like failed edits (the fix). free: "
-                          "questions cost nothing (Composer's hack 2, for the ablation).",
+                          "questions cost nothing (Composer's free-questions hack, for the ablation).",
                   "choices": ["penalize", "free"]},
     )
     truncated_episodes: str = field(
@@ -627,7 +628,7 @@ class RLScriptArguments(StageArguments):
     generation_backend: str = field(
         default="transformers",
         metadata={"help": "transformers (the trainer's live model, batched) or vllm (TRL's engine: set use_vllm and "
-                          "vllm_mode too).", "choices": ["transformers", "vllm"]},
+                          "vllm_mode too).", "choices": list(GENERATION_BACKENDS)},
     )
     dominance_threshold: float = field(
         default=0.8, metadata={"help": "Warn when one shaping reward (any after the first in reward_funcs) makes "

@@ -19,12 +19,21 @@ from pathlib import Path
 from env.policies import POLICIES, get_policy, is_checkpoint_spec
 
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "max_context")
-BACKENDS = ("auto", "transformers", "vllm")
+GENERATION_BACKENDS = ("transformers", "vllm")  # what generates a checkpoint's tokens (ModelPolicy, rollouts)
+POLICY_BACKENDS = ("auto", *GENERATION_BACKENDS)  # what --backend accepts; resolve_backend picks for auto
 # Policy kinds named by a prefix, `<prefix><rest>` -> the module serving them, which has `build(spec, sampling)`
 # (a batched policy: act_batch, optionally open_stream) and `label(spec)`. They need no torch and load nothing.
 KINDS = {
     "openai:": "nanocomposer.openai_policy",  # an OpenAI-compatible endpoint: openai:<model>@<base_url>
 }
+
+
+def warn(message: str) -> None:
+    """A warning on stderr, prefixed with the running script's name (eval.py, train_sft.py's check, agent.py,
+    realtime_rl.py's gate, a bench script all come through this module), or the module's own name when there
+    is no script (python -c, an embedding program)."""
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    print(f"{script or __name__}: warning: {message}", file=sys.stderr)
 
 
 def is_scripted(spec: str) -> bool:
@@ -56,8 +65,8 @@ def resolve_backend(backend: str) -> str:
     `auto`: vllm when torch sees a GPU and vllm imports (a broken vllm install warns and falls back);
     `vllm` is returned as asked, and ModelPolicy fails with a one-line `BackendUnavailable` if it cannot run.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if backend not in POLICY_BACKENDS:
+        raise ValueError(f"--backend {backend!r}: expected one of {', '.join(POLICY_BACKENDS)}")
     if backend != "auto":
         return backend
     import importlib.util
@@ -71,7 +80,7 @@ def resolve_backend(backend: str) -> str:
     try:
         require_vllm()
     except BackendUnavailable as e:
-        print(f"eval.py: warning: --backend auto: {e}; generating with transformers", file=sys.stderr)
+        warn(f"backend auto: {e}; generating with transformers")
         return "transformers"
     return "vllm"
 
@@ -107,8 +116,8 @@ def episode_concurrency(workers: int, policy, spec: str) -> int:
     cannot batch (one instance holds per-episode state, and a second would load the model, or start a vLLM
     engine, again); warned about on stderr."""
     if workers > 1 and not is_scripted(spec) and not callable(getattr(policy, "act_batch", None)):
-        print(f"eval.py: warning: --workers {workers} with {spec!r}, which cannot batch generation: running "
-              "episodes in 1 process, one at a time", file=sys.stderr)
+        warn(f"{workers} workers with {spec!r}, which cannot batch generation: running episodes in 1 process, "
+             "one at a time")
         return 1
     return workers
 
@@ -134,8 +143,7 @@ def run_policy(spec: str, tasks: list, config, sampling: dict | None = None, *, 
     seed = int(sampling.pop("seed", 0) or 0)
     scripted = is_scripted(spec)
     if needs_torch(spec) and processes > 1 and resolve_backend(backend) == "vllm":
-        print(f"eval.py: warning: --processes {processes} with the vllm backend: one engine serves every episode, "
-              "in 1 process", file=sys.stderr)
+        warn(f"{processes} processes with the vllm backend: one engine serves every episode, in 1 process")
         processes = 1
     policy = None
     if scripted:

@@ -73,13 +73,13 @@ from nanocomposer.generation import (
     TransformersGenerator,
     VLLMGenerator,
 )
+from nanocomposer.policies import GENERATION_BACKENDS
 from nanocomposer.smeared_llama import MODEL_TYPE as SMEARED_MODEL_TYPE
 
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls")  # what the chat template reads
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 ADAPTER_WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-BACKENDS = ("transformers", "vllm")
 VLLM_GPU_MEMORY_ENV = "NANOCOMPOSER_VLLM_GPU_MEMORY"  # fraction of the GPU's memory the vLLM engine may take
 DEFAULT_VLLM_GPU_MEMORY = 0.85
 VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams rejects temperatures above this
@@ -436,8 +436,9 @@ class ModelPolicy:
                  start_engine: bool = True, vllm_gpu_memory: float | None = None,
                  max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, cpu_threads: int | None = None,
                  prefix_cache_positions: int | None = None):
-        if backend not in BACKENDS:
-            raise ValueError(f"ModelPolicy backend {backend!r} is not implemented (available: {', '.join(BACKENDS)})")
+        if backend not in GENERATION_BACKENDS:
+            raise ValueError(f"ModelPolicy backend {backend!r} is not implemented "
+                             f"(available: {', '.join(GENERATION_BACKENDS)})")
         self.backend = backend
         self.sampling = sampling or SamplingConfig()
         self.llm = None

@@ -75,9 +75,9 @@ from env.runner import TaskRef
 from env.tasks import Task, TaskError, load_task
 from env.workspace import make_workspace, remove_workspace
 from nanocomposer.generation import DEFAULT_PREFIX_CACHE_POSITIONS, Completion, TransformersGenerator
+from nanocomposer.policies import GENERATION_BACKENDS
 from nanocomposer.policy import END_OF_TURN, ModelPolicy, SamplingConfig
 
-BACKENDS = ("transformers", "vllm")
 TRUNCATED_EPISODES = ("mask", "penalty")
 
 
@@ -325,7 +325,7 @@ class RolloutConfig:
     workers: int = 0  # episodes live at once (env.runner concurrency); 0 = all episodes of the rollout
     backend: str = "transformers"
     measure_lint: bool = False  # ruff before/after each episode (the `lint` reward)
-    malformed_handling: str = "penalize"  # "drop": episodes with a malformed call leave the loss (hack 1)
+    malformed_handling: str = "penalize"  # "drop": episodes with a malformed call leave the loss (malformed calls dropped)
     truncated_episodes: str = "mask"  # or "penalty" (the `truncated` reward)
     log_trajectories_steps: int = 10  # write/log a few full trajectories every this many rollouts (0: never)
     log_trajectories_count: int = 2
@@ -339,8 +339,8 @@ class RolloutConfig:
     batch_wait_s: float = 1.0
 
     def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise ValueError(f"RolloutConfig.backend={self.backend!r}: expected one of {BACKENDS}")
+        if self.backend not in GENERATION_BACKENDS:
+            raise ValueError(f"RolloutConfig.backend={self.backend!r}: expected one of {GENERATION_BACKENDS}")
         if self.truncated_episodes not in TRUNCATED_EPISODES:
             raise ValueError(f"RolloutConfig.truncated_episodes={self.truncated_episodes!r}: expected one of "
                              f"{TRUNCATED_EPISODES}")
@@ -452,7 +452,7 @@ def play_episodes(policy: RolloutPolicy, task_dirs: list[str], config: RolloutCo
 
 
 def behaviour_metrics(records: list[dict], facts: list[dict]) -> dict[str, float]:
-    """Per-step behaviour rates (recipe section 6: every behaviour monitored, not only the reward).
+    """Per-step behaviour rates: every behaviour is monitored, not only the reward (a reward hack shows there first).
 
     The rates eval reports are env.metrics.summarize's, on the same records (one definition each: solve,
     malformed-call, parallel-call, parallel-read, ask_user and tool-call-validity rates, mean turns and

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The reward-hack ablations (recipe section 6) from one SFT model, then one comparison table.
+# The reward-hack ablations (the two hacks Composer's recipe reports, and their fixes) from one SFT model, then one comparison table.
 #   RUN=tiny-20261129-181947 bash runs/ablations.sh             # 300 steps each (recipes/tiny/rl_long.yaml)
 #   RUN=tiny-20261129-181947 STEPS=60 bash runs/ablations.sh    # a shorter form
 # Three GRPO runs that differ in one switch each:
 #   base      malformed calls penalised, ask_user penalised like a failed action (Composer's fixes)
-#   drop      hack 1: episodes with a malformed call dropped from the loss
-#   ask-free  hack 2: failed edits penalised, ask_user free
+#   drop      malformed calls dropped: episodes with a malformed call dropped from the loss
+#   ask-free  free questions: failed edits penalised, ask_user free
 # then eval.py --compare SFT base drop ask-free on the held-out tasks -> runs/$RUN/ablations/compare.md
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,8 +3,8 @@
 # native setting. Needs the task factory's splits (runs/data.sh) and an SFT model (runs/tiny.sh).
 #   SFT=runs/demo/sft bash runs/realtime.sh            # RUN=<sft's run>-rt
 #   SFT=runs/demo/sft AB_SESSIONS=400 CYCLES=5 bash runs/realtime.sh
-# Targets (issue): 5 cycles in under 30 min; >= 400 sessions per A/B arm; hack 1 (malformed calls) and
-# hack 2 (questions instead of edits) visible across cycles, and absent with the fixes.
+# Targets (issue): 5 cycles in under 30 min; >= 400 sessions per A/B arm; dropped malformed calls
+# (more malformed calls) and free questions (questions instead of edits) visible across cycles, and absent with the fixes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -33,16 +33,16 @@ $PY -m bench.realtime ab --a "runs/$RUN/realtime/registry/versions/v0" \
 # The hack runs open the gate's behaviour thresholds, so a hacked version can ship as it did before monitoring
 # caught it; their gate reports and live metrics still show the rates moving (step 5).
 OPEN_GATE="--gate_max_malformed_increase 1 --gate_max_ask_user_increase 1 --gate_max_edit_rate_drop 1"
-stage "3. hack 1: malformed calls dropped from training -> runs/$RUN-hack1"
+stage "3. malformed calls dropped from training -> runs/$RUN-malformed-dropped"
 # shellcheck disable=SC2086
-$PY realtime_rl.py --config "$RECIPE" --model_name_or_path "$SFT" --run "$RUN-hack1" --cycles "$CYCLES" \
+$PY realtime_rl.py --config "$RECIPE" --model_name_or_path "$SFT" --run "$RUN-malformed-dropped" --cycles "$CYCLES" \
   --malformed_handling drop $OPEN_GATE
 
-stage "4. hack 2: questions free, reverted edits penalised -> runs/$RUN-hack2"
+stage "4. free questions: questions free, reverted edits penalised -> runs/$RUN-free-questions"
 # shellcheck disable=SC2086
-$PY realtime_rl.py --config "$RECIPE" --model_name_or_path "$SFT" --run "$RUN-hack2" --cycles "$CYCLES" \
+$PY realtime_rl.py --config "$RECIPE" --model_name_or_path "$SFT" --run "$RUN-free-questions" --cycles "$CYCLES" \
   --ask_user_handling free $OPEN_GATE
 
-stage "5. behaviour across cycles: fixed vs hack 1 vs hack 2"
-$PY -m bench.realtime cycles "runs/$RUN" "runs/$RUN-hack1" "runs/$RUN-hack2" --out "runs/$RUN/cycles.md"
+stage "5. behaviour across cycles: fixed vs malformed calls dropped vs free questions"
+$PY -m bench.realtime cycles "runs/$RUN" "runs/$RUN-malformed-dropped" "runs/$RUN-free-questions" --out "runs/$RUN/cycles.md"
 echo; echo "== done in $(( ($(date +%s) - t0) / 60 )) min; runs/$RUN/ab/ab.md, runs/$RUN/cycles.md"

@@ -272,3 +272,16 @@ def test_an_eval_record_is_a_replay_file(two_tasks, tmp_path):
     replayed = json.loads(replay.read_text())["tasks"][0]
     assert [t["text"] for t in replayed["turns"]] == [t["text"] for t in record["turns"]]
     assert (replayed["solved"], replayed["exit_status"], replayed["n_turns"]) == (True, "submitted", record["n_turns"])
+
+
+def test_shared_policy_warnings_name_the_script_that_runs(monkeypatch, capsys):
+    """nanocomposer.policies serves eval.py, train_sft.py's check, agent.py and the real-time gate: its
+    warnings carry the running script's name, or the module's when there is none."""
+    from nanocomposer.policies import episode_concurrency
+
+    monkeypatch.setattr("sys.argv", ["/repo/train_sft.py", "--check_workers", "4"])
+    assert episode_concurrency(4, object(), "runs/x/sft") == 1  # cannot batch: one episode at a time
+    assert capsys.readouterr().err.startswith("train_sft.py: warning: 4 workers with 'runs/x/sft'")
+    monkeypatch.setattr("sys.argv", ["-c"])
+    episode_concurrency(2, object(), "runs/x/sft")
+    assert capsys.readouterr().err.startswith("nanocomposer.policies: warning: 2 workers")

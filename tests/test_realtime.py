@@ -95,9 +95,9 @@ def test_session_rewards_and_the_two_hack_switches():
     assert fixed == {"edit_kept": 0.0, "edit_reverted": -1.0, "dissatisfied": -1.0, "malformed": -2.0,
                      "failed_actions": -0.5}
     free = get_reward_funcs(["failed_actions"], ask_user_handling="free")[0]
-    assert free(None, episode=facts) == [0.0]  # hack 2: questions cost nothing, reverted edits still do
+    assert free(None, episode=facts) == [0.0]  # free questions: they cost nothing, reverted edits still do
     dropped = get_reward_funcs(names, malformed_handling="drop")
-    assert all(f(None, episode=facts) == [None] for f in dropped)  # hack 1: the session leaves training
+    assert all(f(None, episode=facts) == [None] for f in dropped)  # malformed calls dropped: the session leaves training
     with pytest.raises(KeyError, match="agent-server"):
         get_reward_funcs(["edit_kept"])[0](None, episode=[{"dropped": False}])
 
@@ -122,7 +122,7 @@ def test_reward_by_behaviour_splits_sessions_that_asked_edited_or_neither():
     assert fixed["reward_by_behaviour/asked/mean"] == pytest.approx((-0.25 - 0.125) / 2)  # each question costs
     dropped = reward_by_behaviour(get_reward_funcs(names, malformed_handling="drop"), weights,
                                   [{**f, "dropped": f["malformed_calls"] > 0} for f in sessions])
-    assert dropped["reward_by_behaviour/edited/sessions"] == 1  # hack 1: a dropped session has no reward
+    assert dropped["reward_by_behaviour/edited/sessions"] == 1  # malformed calls dropped: a dropped session has no reward
     empty = reward_by_behaviour(get_reward_funcs(names), weights, sessions[3:4])
     assert empty["reward_by_behaviour/asked/sessions"] == 0
     assert math.isnan(empty["reward_by_behaviour/asked/mean"])  # nothing to average
@@ -195,7 +195,7 @@ def test_the_gate_refuses_a_broken_candidate(world, tmp_path):
 
 
 def test_the_monitor_warns_on_drift_from_the_start_that_each_gate_step_lets_through():
-    """Hack 1 in the loop, as measured (gate opened): each step's malformed-rate rise is small, the drift from
+    """Malformed calls dropped, in the loop, as measured (gate opened): each step's malformed-rate rise is small, the drift from
     v0 is not. The monitor names each rate that moved beyond its threshold, and nothing else."""
     import itertools
 
@@ -209,8 +209,8 @@ def test_the_monitor_warns_on_drift_from_the_start_that_each_gate_step_lets_thro
     warned = [drift_warnings(versions[0], v, **limits) for v in versions[1:]]
     assert all(len(w) == 1 and w[0].startswith("malformed-call rate 16.1% -> ") for w in warned), warned
     assert "(+5.0%; threshold +2.0%)" in warned[-1][0]
-    hack2 = {"malformed_rate": 0.161, "ask_user_rate": 0.08, "edit_rate": 0.02}
-    assert [w.split(" ")[0] for w in drift_warnings(versions[0], hack2, **limits)] == ["ask_user", "edit"]
+    free_questions = {"malformed_rate": 0.161, "ask_user_rate": 0.08, "edit_rate": 0.02}
+    assert [w.split(" ")[0] for w in drift_warnings(versions[0], free_questions, **limits)] == ["ask_user", "edit"]
     assert drift_warnings(versions[0], versions[0], **limits) == []
 
 

@@ -78,7 +78,7 @@ def test_each_malformed_call_is_an_explicit_negative_up_to_a_cap():
                    facts([turn(*[bad] * 9)])) == [0.0, -2.0, -5.0]
 
 
-def test_hack1_switch_drops_malformed_episodes_from_every_component():
+def test_malformed_dropped_switch_drops_malformed_episodes_from_every_component():
     clean, broken = facts([turn(SUBMIT)], solved=True), facts([turn(call(None, None, malformed=True))])
     broken["dropped"] = True  # the rollout marks it under malformed_handling="drop"
     for name in ("outcome", "malformed", "turns"):
@@ -105,7 +105,7 @@ def test_lint_penalises_new_errors_only_and_skips_unmeasured_episodes():
         [-1.0, 0.0, 0.0, None]
 
 
-def test_hack2_switch_makes_questions_free():
+def test_free_questions_switch_makes_questions_free():
     failed_edit = call("edit_file", {"path": "a.py", "old_str": "x", "new_str": "y"}, error="old_str was not found")
     asking = facts([turn(call("ask_user", {"question": "which file?"}))] * 4)
     editing = facts([turn(failed_edit)] * 2)

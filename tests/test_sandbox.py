@@ -16,7 +16,7 @@ import pytest
 import env.sandbox as sandbox_module
 from env.sandbox import (
     _MAX_WALK_DEPTH,
-    BACKENDS,
+    SANDBOX_BACKENDS,
     ExecResult,
     Limits,
     Sandbox,
@@ -65,7 +65,7 @@ def _assert_harness_alive(sb: Sandbox) -> None:
     assert after.ok and after.output.strip() == "alive", after
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 def test_basic_run_cwd_and_exit_codes(backend: str, ws: Path):
     sb = Sandbox(ws, backend=_backend(backend))
     r = sb.run("pwd; echo made > out.txt; exit 3")
@@ -76,7 +76,7 @@ def test_basic_run_cwd_and_exit_codes(backend: str, ws: Path):
     assert r.ok and r.output.strip() == sys.prefix, r  # the venv interpreter is usable
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 @pytest.mark.parametrize(
     "attack",
     ["../../etc/passwd", "/etc/passwd", "planted_link", "planted_dir/shadow"],
@@ -107,7 +107,7 @@ def test_write_outside_workspace_is_contained(target: str, ws: Path, tmp_path: P
         assert not Path(host_dir, f"d-{tag}").exists()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 def test_network_is_unreachable(backend: str, ws: Path):
     with socket.socket() as server:  # a real host service the sandbox must not reach
         server.bind(("127.0.0.1", 0))
@@ -129,7 +129,7 @@ def test_network_is_unreachable(backend: str, ws: Path):
         assert f"CONNECTED ('127.0.0.1', {port})" in r.output, r.output
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 def test_fork_bomb_is_bounded_and_cleaned_up(backend: str, ws: Path):
     if not FORK_BOUNDED:
         pytest.skip("root without a writable pids cgroup: no fork bound exists (see sandbox docstring)")
@@ -144,7 +144,7 @@ def test_fork_bomb_is_bounded_and_cleaned_up(backend: str, ws: Path):
     _assert_harness_alive(sb)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 def test_memory_bomb_fails_inside_the_sandbox(backend: str, ws: Path):
     sb = Sandbox(ws, backend=_backend(backend), limits=Limits(memory_mb=512))
     r = sb.run([sys.executable, "-c", "b = bytearray(3 * 1024**3); print('ALLOCATED')"], timeout_s=20)
@@ -152,7 +152,7 @@ def test_memory_bomb_fails_inside_the_sandbox(backend: str, ws: Path):
     _assert_harness_alive(sb)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 def test_disk_fill_stops_at_file_size_limit(backend: str, ws: Path):
     sb = Sandbox(ws, backend=_backend(backend), limits=Limits(file_size_mb=1))
     r = sb.run("head -c 5000000 /dev/zero > big.bin", timeout_s=20)
@@ -160,7 +160,7 @@ def test_disk_fill_stops_at_file_size_limit(backend: str, ws: Path):
     assert (ws / "big.bin").stat().st_size <= 1024 * 1024
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 def test_infinite_loop_times_out_quickly(backend: str, ws: Path):
     sb = Sandbox(ws, backend=_backend(backend))
     r = sb.run("while :; do :; done", timeout_s=1)
@@ -168,7 +168,7 @@ def test_infinite_loop_times_out_quickly(backend: str, ws: Path):
     assert 1 <= r.wall_s < 3
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 def test_output_flood_is_truncated(backend: str, ws: Path):
     sb = Sandbox(ws, backend=_backend(backend), max_output_chars=1000)
     r = sb.run("echo FIRST; head -c 30000000 /dev/zero | tr '\\0' a; echo; echo LAST", timeout_s=20)
@@ -181,7 +181,7 @@ def test_output_flood_is_truncated(backend: str, ws: Path):
     assert r.timed_out and r.truncated and len(r.output) < 1200
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 def test_background_processes_do_not_survive(backend: str, ws: Path):
     marker = str(900000 + uuid.uuid4().int % 99999)
     sb = Sandbox(ws, backend=_backend(backend))
@@ -193,7 +193,7 @@ def test_background_processes_do_not_survive(backend: str, ws: Path):
     assert _procs_with(f"sleep {marker}") == []
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 def test_environment_carries_no_secrets(backend: str, ws: Path, monkeypatch: pytest.MonkeyPatch):
     secret = f"hunter2-{uuid.uuid4().hex}"
     monkeypatch.setenv("NANOCOMPOSER_SECRET", secret)
@@ -228,7 +228,7 @@ def _cgroups_of(sb: Sandbox) -> list[Path]:
     return [cg.path for cg in sb._cgroups]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
 def test_reused_sandbox_leaves_nothing_between_runs_and_close_removes_cgroups(backend: str, ws: Path):
     _needs_pids_cgroup()
     sb = Sandbox(ws, backend=_backend(backend))

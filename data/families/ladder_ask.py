@@ -5,8 +5,8 @@ visible tests check the other settings only (their pristine copies in hidden/ ch
 The agent asks (`ask_user`), reads the file, edits the line with the value the answer gave, and
 submits. The task's `user_answer` is what the harness answers, and what a simulated user says when
 it answers from its hidden spec (env/users.py). This is the rung where a question is the right move,
-so a policy can learn when to ask, and a reward that makes questions free (hack 2) has a skill to
-overuse.
+so a policy can learn when to ask, and a reward that makes questions free (the free-questions hack) has a
+skill to overuse.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from env.budget import Budget
 from nanocomposer.config import ArgumentError, StageArguments, budget_from_arguments
+from nanocomposer.policies import POLICY_BACKENDS
 
 STALE_SESSIONS = ("drop", "importance_weight")
 BASELINES = ("family", "batch")
@@ -48,17 +49,17 @@ class RealtimeArguments(StageArguments):
         "help": "Per tool result (head and tail kept)."})
     command_timeout_s: float = field(default=Budget.command_timeout_s, metadata={"help": "Per sandboxed command."})
     backend: str = field(default="auto", metadata={"help": "Generation backend of server and gate.",
-                                                   "choices": ["auto", "transformers", "vllm"]})
+                                                   "choices": list(POLICY_BACKENDS)})
     reward_funcs: list[str] = field(
         default_factory=lambda: ["edit_kept", "edit_reverted", "dissatisfied", "latency", "malformed",
                                  "failed_actions"],
         metadata={"help": "Components from env/rewards.py's REWARDS; weights in `reward_weights`."})
     malformed_handling: str = field(default="penalize", metadata={
         "help": "penalize: each malformed call is an explicit negative. drop: sessions with one leave training "
-                "(hack 1).", "choices": ["penalize", "drop"]})
+                "(malformed calls dropped).", "choices": ["penalize", "drop"]})
     ask_user_handling: str = field(default="penalize", metadata={
         "help": "penalize: ask_user costs like a failed edit. free: questions cost nothing while reverted edits "
-                "do (hack 2).", "choices": ["penalize", "free"]})
+                "do (free questions).", "choices": ["penalize", "free"]})
     stale_sessions: str = field(default="drop", metadata={
         "help": "Sessions served by another version than current: drop them (counted), or train on them with "
                 "their sampling logprobs as the PPO ratio's denominator (importance_weight).",

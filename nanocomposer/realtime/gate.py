@@ -4,8 +4,8 @@ Both versions play the same held-out tasks with the same seeds through `env.runn
 nanocomposer.policies.run_policy, eval.py's path), so the comparison is paired. The candidate is refused when
 - its solve rate is worse beyond the interval: the paired-bootstrap 95% interval of (candidate - current)
   lies wholly below -gate_solve_margin (env.metrics.compare_paired);
-- its malformed-call rate or ask_user rate rose by more than the recipe allows (hacks 1 and 2 show up there
-  first), or its edit rate (episodes with at least one successful edit) fell by more than allowed.
+- its malformed-call rate or ask_user rate rose by more than the recipe allows (dropped malformed calls
+  and free questions show up there first), or its edit rate (episodes with at least one successful edit) fell by more than allowed.
 Current's results are computed once per version and reused (same tasks, seeds and budgets).
 
 The monitor (`drift_warnings`) compares each candidate with the loop's starting version instead: the gate

@@ -5,9 +5,10 @@
 
 The components are env/rewards.py's registry entries named in the recipe (`edit_kept`, `edit_reverted`,
 `dissatisfied`, `latency`, `malformed`, `failed_actions`, ...), built by `get_reward_funcs` with the two hack
-switches, so the trainer and the logs compute the same numbers. Each is logged on its own every cycle.
+switches (malformed calls dropped, free questions), so the trainer and the logs compute the same numbers.
+Each is logged on its own every cycle.
 `reward_by_behaviour` splits the weighted reward by what the session did (asked a question, tried an edit,
-neither): a reward that makes a question cheaper than an edit (hack 2) shows there as `asked` out-scoring
+neither): a reward that makes a question cheaper than an edit (free questions) shows there as `asked` out-scoring
 `edited` before the behaviour rates move.
 """
 
@@ -25,7 +26,7 @@ def session_facts(record: dict, live: dict, *, max_turns: int, token_budget: int
     """episode_facts of the session's record (SessionStore.export_record) with the user's outcome as `live`."""
     facts = episode_facts(record, max_turns=max_turns, token_budget=token_budget, max_wall_s=max_wall_s)
     facts["live"] = {k: bool(live[k]) for k in LIVE_KEYS}
-    facts["dropped"] = malformed_handling == "drop" and facts["malformed_calls"] > 0  # hack 1: leaves training
+    facts["dropped"] = malformed_handling == "drop" and facts["malformed_calls"] > 0  # malformed calls dropped: leaves training
     return facts
 
 
@@ -43,7 +44,7 @@ def behaviour_of(facts: dict) -> str:
 
 
 def session_totals(funcs: list, weights: list[float] | None, facts: list[dict]) -> list[float | None]:
-    """The weighted reward of every session; None for one that no component scores (dropped by hack 1)."""
+    """The weighted reward of every session; None for one that no component scores (malformed calls dropped)."""
     values = component_values(funcs, facts)
     weights = weights or [1.0] * len(funcs)
     totals: list[float | None] = []
