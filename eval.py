@@ -45,7 +45,8 @@ from data.humaneval import ensure_humaneval
 from env.budget import Budget
 from env.episode import EpisodeConfig, Trajectory
 from env.metrics import BOOTSTRAP_RESAMPLES
-from env.runner import Interrupted, ProcessFailed, ResultsFileError, TaskRef
+from env.results import ResultsFileError
+from env.runner import Interrupted, ProcessFailed, TaskRef
 from env.task_sets import TaskSet, humaneval_cache, resolve_task_set
 from env.tasks import Task, TaskError, spread_subset
 from nanocomposer import reporting

@@ -309,7 +309,7 @@ def fuzz_episodes(turns: list[str], task, episodes: int, turns_per_episode: int,
             _note(failures, examples, "episodes: no Trajectory", chunk, None)
         elif not all(encodable(p) for p in harness_parts(traj)):
             _note(failures, examples, "episodes: unencodable harness output", chunk, None)
-        elif not encodable(traj.to_dict()):
+        elif not encodable(traj.to_record(token_ids=True)):
             _note(failures, examples, "episodes: trajectory not writable (policy text)", chunk, None)
     return done
 

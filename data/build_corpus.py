@@ -781,15 +781,6 @@ def split_sha256(docs: list[dict]) -> str:
     return sha256_texts(value for doc in docs for value in (doc[c] for c in COLUMNS))
 
 
-def iter_corpus_texts(path: str | os.PathLike, split: str = "train", kind: str | None = None) -> Iterator[str]:
-    """Texts of a built corpus (e.g. for tokenizer training), optionally one ``kind`` only."""
-    from datasets import load_from_disk
-
-    dataset = load_from_disk(str(path))[split]
-    for batch in dataset.select_columns(["text", "kind"]).iter(batch_size=1000):
-        yield from (text for text, k in zip(batch["text"], batch["kind"]) if kind is None or k == kind)
-
-
 # ============================================================================ CLI
 
 

@@ -28,20 +28,6 @@ T = TypeVar("T")
 # ----------------------------------------------------------------------------- seeding
 
 
-def set_seed(seed: int) -> None:
-    """Seed Python's and (when installed) NumPy's global RNGs.
-
-    Builders should still prefer explicit ``random.Random(...)`` instances (see
-    :func:`rng_for`): a global RNG makes results depend on call order.
-    """
-    random.seed(seed)
-    try:
-        import numpy as np
-    except ImportError:  # numpy is optional for the helpers
-        return
-    np.random.seed(seed % 2**32)
-
-
 def rng_for(seed: int, *keys: object) -> random.Random:
     """An RNG determined by ``seed`` and ``keys`` alone, independent of other streams.
 

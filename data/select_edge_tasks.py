@@ -58,6 +58,7 @@ from pathlib import Path
 
 from data.common import sha256_file, write_manifest
 from env.episode import ExitStatus
+from env.results import run_facts_path
 from env.task_sets import resolve_task_set
 from env.tasks import Task, TaskError, load_task_set
 
@@ -146,7 +147,7 @@ def read_episodes_jsonl(path: Path) -> ResultsFile:
                 else ""
             raise SelectionError(f"{where}: not a JSON line ({e}){last}") from None
         records.append((where, _check_record(record, where)))
-    facts_path = path.with_name(path.name + ".run.json")
+    facts_path = run_facts_path(path)
     facts = None
     if facts_path.exists():
         facts = _read_json(facts_path)

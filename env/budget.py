@@ -24,7 +24,7 @@ FILE`). `load_budget_file` reads and checks it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -116,9 +116,6 @@ class Budget:
     def sampling(self) -> dict:
         """Keyword arguments of nanocomposer.policy.SamplingConfig."""
         return {k: getattr(self, k) for k in SAMPLING_KEYS}
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 BUDGET_FILE = "budget.yaml"  # the name of a preset's budget file, beside its stage recipes

@@ -22,11 +22,10 @@ become eval fields and W&B metrics.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Protocol
@@ -183,18 +182,6 @@ class Trajectory:
     def completion_tokens(self) -> int | None:
         counts = [t["completion_tokens"] for t in self.turns]
         return None if not counts or None in counts else sum(counts)
-
-    def summary(self) -> dict:
-        return {"id": self.task_id, "solved": self.solved, "exit_status": self.exit_status,
-                "turns": len(self.turns), "tool_calls": self.tool_calls,
-                "malformed_calls": self.malformed_calls, "parallel_turns": self.parallel_turns,
-                "completion_tokens": self.completion_tokens, "wall_s": round(self.wall_s, 3)}
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "summary": self.summary()}
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False))
 
     def to_record(self, token_ids: bool = False, **extra) -> dict:
         """The one episode record: what eval writes (one JSONL line), `replay:FILE` replays, SFT export and

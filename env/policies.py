@@ -6,7 +6,7 @@ policies (a `from_pretrained` directory) live in `nanocomposer/` and register th
 
     gold          applies the task's gold.patch through edit_file, runs the tests, submits
     noop          submits at once (the floor every task must fail)
-    replay:FILE   replays raw assistant turns from FILE (a JSON list of strings, or a saved trajectory)
+    replay:FILE   replays raw assistant turns from FILE (a JSON list of strings, or an episode record)
     oracle        a scripted expert that reacts to what it has seen: tests, search/grep, parallel reads,
                   edits, lint, re-run, submit, with seeded variety. Every argument it writes comes from
                   the instruction, the file list or an earlier tool result (data/grounding.py checks
@@ -165,7 +165,7 @@ class GoldPolicy:
 class ReplayPolicy:
     """Replays recorded raw assistant turns; after the last one it writes nothing (no_tool_call).
 
-    The file is a JSON list of turn texts, one saved trajectory or episode record, or what eval.py writes
+    The file is a JSON list of turn texts, one episode record (`Trajectory.to_record`), or what eval.py writes
     (a results.json with a `tasks` list, or its episodes JSONL): then each task replays its own episode
     (the first record of that task id), and a task the file has no episode of fails at `reset`."""
 
@@ -192,7 +192,7 @@ class ReplayPolicy:
         else:
             self.recorded = _turn_texts(data)
             if self.recorded is None:
-                raise ValueError(f"{where}: expected a JSON list of strings, a trajectory or eval results")
+                raise ValueError(f"{where}: expected a JSON list of strings, an episode record or eval results")
 
     def reset(self, task: Task) -> None:
         if self.recorded is not None:
@@ -207,7 +207,7 @@ class ReplayPolicy:
 
 
 def _turn_texts(data) -> list[str] | None:
-    """The assistant turn texts of a list of strings, a trajectory or an episode record; None otherwise."""
+    """The assistant turn texts of a list of strings or an episode record; None otherwise."""
     if isinstance(data, dict) and isinstance(data.get("turns"), list):
         data = [t.get("text") if isinstance(t, dict) else None for t in data["turns"]]
     if isinstance(data, list) and all(isinstance(t, str) for t in data):

@@ -27,10 +27,10 @@ Seeds: sample s of a task is seeded with `seed + s` (`seed_policy(policy, seed)`
 and the episode key `f"{task.id}#{seed + s}"`, from which batched policies derive their sampling seeds).
 
 Results: one record per episode (`Trajectory.to_record` plus task_set/sample/seed/... fields), appended to
-`results_path` (JSON lines) as each episode finishes, flushed and fsynced, so a SIGKILL loses at most the
-partial last line, which `resume=True` ignores (and cuts off) before skipping the (task set, task id, sample)
-triples already there. When the run completes, the file is rewritten in the deterministic order the records
-are returned in: task-major, sample-minor, whatever the completion order.
+`results_path` (a results file, env/results.py) as each episode finishes, so a SIGKILL loses at most the
+partial last line; `resume=True` cuts that off and skips the (task set, task id, sample) triples already
+there. When the run completes, the file is rewritten in the deterministic order the records are returned in:
+task-major, sample-minor, whatever the completion order.
 
 Failures stay with their episode: a task directory that does not load (`invalid_task`), a policy whose
 `reset` raises (`policy_error`) or a harness exception in one episode (`harness_error`) each give one failed
@@ -55,9 +55,16 @@ from pathlib import Path
 import env.sandbox
 import env.workspace
 from env.episode import Episode, EpisodeConfig, ExitStatus, Generation, Trajectory, TurnRequest, error_text
+from env.results import (
+    ResultsFileError,
+    append_record,
+    check_run_facts,
+    read_results,
+    record_key,
+    rewrite_results,
+    write_run_facts,
+)
 from env.tasks import Task, load_task
-
-KEY_FIELDS = ("task_set", "id", "sample")  # what identifies an episode in a results file
 
 
 class Interrupted(Exception):
@@ -67,10 +74,6 @@ class Interrupted(Exception):
         self.finished, self.total, self.results_path = finished, total, results_path
         where = f" in {results_path}" if results_path else ""
         super().__init__(f"interrupted: {finished}/{total} episodes finished{where}")
-
-
-class ResultsFileError(ValueError):
-    """A results file that cannot be resumed; the message names the file and the line."""
 
 
 class _Cancelled(Exception):
@@ -111,65 +114,6 @@ class _Slot:
     future: Future | None = None  # the worker-thread phase in flight
     request: TurnRequest | None = None  # waiting for a generation (batched policies)
     waiting_since: float = 0.0
-
-
-def record_key(record: dict) -> tuple:
-    return tuple(record.get(k) for k in KEY_FIELDS)
-
-
-# --------------------------------------------------------------------------- results file
-
-
-def read_results(path: str | Path, repair: bool = False) -> list[dict]:
-    """The complete records of a JSONL results file. A partial last line (a run killed mid-write) is
-    ignored, and with `repair` cut off so later appends start on a fresh line; a bad line before the end
-    is an error naming the file and the line."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    records, offset = [], 0
-    lines = data.split(b"\n")
-    for number, line in enumerate(lines, 1):
-        last = number == len(lines)
-        if line.strip():
-            try:
-                record = json.loads(line)
-                if not isinstance(record, dict) or "id" not in record:
-                    raise ValueError("not an episode record")
-            except ValueError as e:
-                if not (last or (number == len(lines) - 1 and not lines[-1])):
-                    raise ResultsFileError(f"results file {str(path)!r}, line {number}: {e}") from None
-                if repair:  # the partial last line of a killed run
-                    with open(path, "r+b") as f:
-                        f.truncate(offset)
-                break
-            if not last:
-                records.append(record)
-            elif repair:  # complete JSON but no newline: the write was cut just before it
-                with open(path, "ab") as f:
-                    f.write(b"\n")
-                records.append(record)
-            else:
-                records.append(record)
-        offset += len(line) + 1
-    return records
-
-
-def _append(f, record: dict) -> None:
-    f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def _rewrite(path: Path, records: list[dict]) -> None:
-    """Replace `path` with `records`, one per line, atomically (temp file + rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- leftovers and signals
@@ -544,32 +488,6 @@ def _run_in_processes(jobs: list[_Job], make_policy, config: EpisodeConfig, proc
         raise ProcessFailed("; ".join(f"worker process {n} {how}" for n, how in failures.items()))
 
 
-def _run_facts_path(path: Path) -> Path:
-    return path.with_name(path.name + ".run.json")
-
-
-def _check_run_facts(path: Path, facts: dict) -> None:
-    """Refuse to resume `path` under settings other than those its episodes were played with."""
-    try:
-        saved = json.loads(_run_facts_path(path).read_text())
-    except FileNotFoundError:
-        return  # nothing recorded (a file from elsewhere): the policy check below still applies
-    except (OSError, ValueError) as e:
-        raise ResultsFileError(f"{_run_facts_path(path)}: {e}") from None
-
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return out
-
-    before, now = flat(saved), flat(facts)
-    for key in sorted(before.keys() | now.keys()):
-        if before.get(key) != now.get(key):
-            raise ResultsFileError(f"results file {str(path)!r} was played with {key}={before.get(key)!r}, this run "
-                                   f"has {key}={now.get(key)!r}: resume with the same settings, or start a new file")
-
-
 def _loaded(ref: TaskRef) -> TaskRef:
     """`ref` with its task loaded when it is a directory that loads (records then carry the task's own id);
     one that does not stays a path and becomes an invalid_task record when its episode starts."""
@@ -626,7 +544,7 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
     facts = json.loads(json.dumps({"episode": config.budgets(), "seed": seed, **(run_facts or {})}))
     done: dict[tuple, dict] = {}
     if path is not None and resume:
-        _check_run_facts(path, facts)
+        check_run_facts(path, facts)
         done = {record_key(r): r for r in read_results(path, repair=True) if record_key(r) in wanted}
     todo = [job for job in jobs if job.key not in done]
     sweep_leftovers()
@@ -647,7 +565,7 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
     if path is not None:
         if not resume:
             path.write_text("")  # a fresh run (only now: a policy that fails to build has not cost the old file)
-        _run_facts_path(path).write_text(json.dumps(facts, indent=1, sort_keys=True))
+        write_run_facts(path, facts)
     bar = tqdm(total=len(jobs), initial=len(done), desc=desc, unit="episode", disable=not progress)
     out = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115 (closed below)
 
@@ -656,7 +574,7 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
             check_policy(record.get("policy"))
         done[record_key(record)] = record  # the record's id is its job's: tasks are loaded (or unloadable) above
         if out is not None:
-            _append(out, record)
+            append_record(out, record)
         bar.update()
         if on_result is not None:
             on_result(record, traj)
@@ -678,5 +596,5 @@ def run_tasks(tasks: Sequence[Task | str | Path | TaskRef], make_policy: Callabl
             out.close()
     records = [done[job.key] for job in jobs]
     if path is not None:
-        _rewrite(path, records)
+        rewrite_results(path, records)
     return records

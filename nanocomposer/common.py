@@ -357,12 +357,6 @@ def load_splits(dataset_path: str | None, splits: list[str], columns: list[str])
     return DatasetDict({split: dataset_dict[split] for split in splits})
 
 
-def read_manifest(dataset_path: str) -> dict | None:
-    """The builder's manifest.json beside a saved dataset, if there is one."""
-    path = Path(dataset_path) / "manifest.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
 # --------------------------------------------------------------------------- model
 
 

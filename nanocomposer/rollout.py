@@ -401,7 +401,8 @@ def play_episodes(policy: RolloutPolicy, task_dirs: list[str], config: RolloutCo
     tasks by directory. A harness failure (a sandbox that would not start) is a RolloutError: such an
     episode is no sample of the policy.
     """
-    from env.runner import record_key, run_tasks
+    from env.results import record_key
+    from env.runner import run_tasks
 
     tasks = {} if tasks is None else tasks
     for task_dir in task_dirs:

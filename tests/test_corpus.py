@@ -13,6 +13,7 @@ from datasets import Dataset, load_from_disk
 
 from data import build_corpus as bc
 from data.common import classify_license_text, parse_float_mapping, spdx_expression_is_permissive
+from nanocomposer.model import iter_corpus_texts
 
 
 def synthetic_module(seed: int, n_functions: int = 12) -> str:
@@ -90,7 +91,7 @@ def test_manifest_counts_match_dataset_and_split_is_by_file(fake_stdlib: Path, t
     val_share = manifest["splits"]["validation"]["characters"] / manifest["totals"]["characters"]
     assert 0.2 <= val_share < 0.5  # whole files until --val-fraction of the characters
     assert (tmp_path / "out" / "manifest.json").exists()
-    assert list(bc.iter_corpus_texts(tmp_path / "out", "validation")) == list(dataset["validation"]["text"])
+    assert list(iter_corpus_texts(tmp_path / "out", "validation")) == list(dataset["validation"]["text"])
 
 
 def test_exact_and_near_duplicates_are_removed(tmp_path: Path):

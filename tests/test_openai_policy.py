@@ -14,7 +14,8 @@ from fake_openai import FakeOpenAI, Reply, answer, tool_call, turn_number
 
 from env.episode import EpisodeConfig, Trajectory
 from env.protocol import format_tool_call
-from env.runner import read_results, run_tasks
+from env.results import read_results
+from env.runner import run_tasks
 from nanocomposer.openai_policy import OpenAIPolicy, label, parse_spec
 from nanocomposer.policies import build_policy, is_remote, policy_label, run_policy
 

@@ -93,7 +93,7 @@ def test_a_gold_episode_of_the_attack_never_shows_the_host_file(tmp_path, host):
 
     task = task_with(tmp_path / "set", hunk_patch(extra=[f"+++ b/{'../' * 12}{host.relative_to('/')}/SENTINEL.txt"]))
     traj = run_episode(task, GoldPolicy())
-    assert traj.turns and SENTINEL not in json.dumps(traj.to_dict(), default=str)
+    assert traj.turns and SENTINEL not in json.dumps(traj.to_record(token_ids=True), default=str)
     assert host_state(host)["SENTINEL.txt"] == (SENTINEL + "\n").encode()
 
 

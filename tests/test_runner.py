@@ -19,7 +19,8 @@ from conftest import ROOT, harness_leftovers, make_calc_task, save_micro_checkpo
 from env.episode import EpisodeConfig, Generation, run_episode
 from env.policies import GoldPolicy, NoopPolicy, OraclePolicy, get_policy
 from env.protocol import format_assistant_turn
-from env.runner import ProcessFailed, ResultsFileError, TaskRef, default_seed_policy, read_results, run_tasks
+from env.results import ResultsFileError, read_results
+from env.runner import ProcessFailed, TaskRef, default_seed_policy, run_tasks
 from env.task_sets import resolve_task_set
 from env.tasks import Task
 
