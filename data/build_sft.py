@@ -217,7 +217,8 @@ def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, li
     project's template (check_rows_render) before anything is written."""
     import datasets
 
-    from data.common import environment_info, prepare_output_dir, sha256_file, spread_subset, write_manifest
+    from data.common import environment_info, prepare_output_dir, sha256_file, write_manifest
+    from env.tasks import spread_subset
 
     t0 = time.perf_counter()
     if out.is_dir() and any(out.iterdir()) and not overwrite:  # fail before the episodes, not after

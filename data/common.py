@@ -20,8 +20,6 @@ from importlib.metadata import Distribution
 from pathlib import Path
 from typing import Any, TypeVar
 
-from env.tasks import spread_subset  # noqa: F401  (data builders pick subsets the way task sets do)
-
 T = TypeVar("T")
 
 

@@ -14,11 +14,10 @@ import pytest
 
 import eval as eval_py
 from data.build_corpus import ContaminationFilter, humaneval_prompts
-from data.common import spread_subset
 from data.humaneval import ensure_humaneval, load_problems, task_id_for
 from env.episode import EpisodeConfig
 from env.task_sets import TaskSet, resolve_task_set
-from env.tasks import TaskError, load_task_set
+from env.tasks import TaskError, load_task_set, spread_subset
 
 ROOT = Path(__file__).resolve().parents[1]
 
