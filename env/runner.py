@@ -52,7 +52,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import env.sandbox
+import env.sandbox_cgroups
 import env.workspace
 from env.episode import Episode, EpisodeConfig, ExitStatus, Generation, Trajectory, TurnRequest, error_text
 from env.results import (
@@ -121,9 +121,8 @@ class _Slot:
 
 def sweep_leftovers() -> None:
     """Remove sandboxes, cgroups and workspaces that a killed run left behind (the harness's own sweepers)."""
-    for sweep in (getattr(env.sandbox, "sweep_stale", None), getattr(env.workspace, "sweep_stale_workspaces", None)):
-        if callable(sweep):
-            sweep()
+    env.sandbox_cgroups.sweep_stale()
+    env.workspace.sweep_stale_workspaces()
 
 
 class _StopSignals:

@@ -61,7 +61,7 @@ v1 pids, both as root and as a normal user; tests/test_sandbox_attacks.py plays 
 - Wall-clock timeout: the whole process group (and the cgroup) is SIGKILLed; reading output never
   waits on a pipe a straggler keeps open. Output is read with a cap (head + tail kept), so a flood
   costs bounded memory.
-- Environment: built from an allow-list (`_child_env`) plus the caller's `env`; nothing from
+- Environment: built from an allow-list (`child_env`) plus the caller's `env`; nothing from
   os.environ leaks (API keys, tokens, WANDB_*, HF_*).
 
 | attack (tests/test_sandbox_attacks.py)         | root (bwrap)                  | normal user (bwrap)           |
@@ -96,71 +96,46 @@ What is NOT covered:
   Run as root, the command can read and write the whole host filesystem (secrets included).
 - Fallback `rlimits` (plain subprocess): no network isolation, no filesystem isolation, and a process
   that leaves the process group (setsid) survives the run unless the pids cgroup catches it.
+
+Split by mechanism: this module is `Sandbox` (a run's lifecycle, output capping, the workspace's ownership
+and size); env/sandbox_launch.py builds each backend's argv (bwrap's mounts and identity, `_root_userns`,
+the rlimit launcher) and picks the backend; env/sandbox_cgroups.py makes, reuses and sweeps the pids cgroups.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
 import os
-import re
-import resource
 import select
-import shutil
 import signal
 import stat
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
-import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from env.workspace import DEFAULT_DISK_MB, pid_alive
-
-SANDBOX_BACKENDS = ("bwrap", "unshare", "rlimits")  # how commands are isolated, strongest first; or "auto"
-SANDBOX_UID = 65534  # "nobody": the uid commands see inside bwrap; also their host uid when we are root
-
-# /etc entries programs need (dynamic linker, user/group names, locale/time, TLS roots, shell rc,
-# Debian's python3 config). Everything else in /etc (shadow, ssh keys, ssl/private, ...) stays outside.
-_ETC_ENTRIES = (
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "hosts",
-    "host.conf", "localtime", "timezone", "alternatives", "ssl/certs", "ssl/openssl.cnf", "ca-certificates",
-    "ca-certificates.conf", "bash.bashrc", "profile", "inputrc", "mime.types", "os-release",
-    "debian_version", "gitconfig", "python3", "python3.11",
+from env.sandbox_cgroups import (
+    MAX_IDLE_CGROUPS,
+    PidsCgroup,
+    pids_cgroup_parent,
+    remove_cgroups,
+    sweep_once,
+    warn_loudly,
 )
-_LOST_PROTECTIONS = {
-    "unshare": "filesystem isolation (the command sees and, as root, can write the whole host "
-    "filesystem: /root, /work, /etc/shadow) and the dropped uid/capabilities",
-    "rlimits": "filesystem isolation, network isolation (the command can reach the network and "
-    "host services on 127.0.0.1), the pid namespace (setsid'd children can outlive the run unless "
-    "a pids cgroup exists) and the dropped uid/capabilities",
-}
-
-
-@dataclass(frozen=True)
-class Limits:
-    cpu_s: int = 60  # CPU seconds per process (RLIMIT_CPU)
-    memory_mb: int = 4096  # address space per process (RLIMIT_AS)
-    file_size_mb: int = 64  # largest file a process may write (RLIMIT_FSIZE)
-    open_files: int = 256  # RLIMIT_NOFILE
-    nproc: int = 512  # processes per run (its pids cgroup), else RLIMIT_NPROC
-    episode_nproc: int = 1024  # processes of all runs of one Sandbox together (its parent pids cgroup)
-    max_concurrent_runs: int = 4  # runs of one Sandbox at once; more `run` calls wait for a slot
-    disk_mb: int = DEFAULT_DISK_MB  # the workspace's size (see "Disk" in the module docstring)
-    tmp_mb: int = 512  # size cap of each run's private /tmp (a tmpfs: host RAM)
-    shm_mb: int = 64  # size cap of each run's private /dev/shm (a tmpfs: host RAM)
-
-    def __post_init__(self):
-        for name, value in vars(self).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+from env.sandbox_launch import (
+    SANDBOX_BACKENDS,
+    Limits,
+    backend_argv,
+    bwrap_host_uid,
+    child_env,
+    detect_backend,
+    launcher_script,
+)
 
 
 @dataclass
@@ -176,463 +151,6 @@ class ExecResult:
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out and not self.disk_exceeded
 
-
-def _warn_loudly(message: str) -> None:
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-    print(f"\n!!! nanocomposer sandbox WARNING: {message}\n", file=sys.stderr, flush=True)
-
-
-def _python_roots() -> list[Path]:
-    """Directories holding the interpreter and its packages (venv and base install), deduplicated."""
-    roots: list[Path] = []
-    for p in (sys.base_prefix, sys.prefix):
-        real = Path(p).resolve()
-        if real.is_relative_to("/usr") or any(real.is_relative_to(r) for r in roots):
-            continue
-        roots = [r for r in roots if not r.is_relative_to(real)] + [real]
-    return roots
-
-
-def _python_aliases(roots: list[Path]) -> list[tuple[Path, Path]]:
-    """(path as the host names it, resolved path) for each python prefix reached through a symlink (a venv
-    linked into a checkout): bwrap mounts the resolved roots, and a command naming `sys.executable` by its
-    unresolved path (tests, tools that spawn themselves) would find nothing there without a link to them."""
-    aliases: list[tuple[Path, Path]] = []
-    for p in (sys.base_prefix, sys.prefix):
-        named, real = Path(os.path.abspath(p)), Path(p).resolve()
-        if named == real or named.is_relative_to("/usr") or any(named == a for a, _ in aliases):
-            continue
-        if any(named.is_relative_to(r) or r.is_relative_to(named) for r in roots):
-            continue  # inside (or around) a mounted root: a link there would shadow or be shadowed by it
-        aliases.append((named, real))
-    return aliases
-
-
-def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
-    """The child's whole environment: an allow-list, never a filtered copy of os.environ."""
-    venv_bin = Path(sys.prefix).resolve() / "bin"  # resolved, as mounted: a venv reached by a symlink works too
-    env = {
-        "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
-        "HOME": "/tmp",
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONHASHSEED": "0",
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        "TERM": "dumb",
-    }
-    for key, value in (extra or {}).items():
-        if not isinstance(key, str) or not isinstance(value, str) or "=" in key or not key:
-            raise ValueError(f"sandbox env entries must be str -> str with a valid name, got {key!r}: {value!r}")
-        env[key] = value
-    return env
-
-
-# --------------------------------------------------------------------------------------------------
-# pids cgroup: the fork bound that works for root, and a way to find every survivor of a run
-
-
-def _mountinfo() -> list[tuple[str, str, str]]:
-    """(mount point, fs type, super options) for each mount of this process."""
-    mounts = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            pre, _, post = line.partition(" - ")
-            fstype, _source, super_opts = (post.split() + ["", ""])[:3]
-            mounts.append((pre.split()[4], fstype, super_opts))
-    return mounts
-
-
-@functools.cache
-def _pids_cgroup_parent() -> Path | None:
-    """A directory under which per-run pids cgroups can be created, or None (probed once)."""
-    try:
-        own = {}
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                own[controllers] = path
-        for mountpoint, fstype, opts in _mountinfo():
-            if fstype == "cgroup" and "pids" in opts.split(","):  # v1
-                key = next((k for k in own if "pids" in k.split(",")), None)
-                base = Path(mountpoint) / own.get(key, "/").lstrip("/")
-                parent = base / "nanocomposer-sandbox"
-                parent.mkdir(exist_ok=True)
-                return parent if _try_child_cgroup(parent) else None
-        for mountpoint, fstype, _ in _mountinfo():
-            if fstype == "cgroup2" and "pids" in (Path(mountpoint) / "cgroup.controllers").read_text().split():
-                # v2 forbids processes in inner cgroups with controllers, so use a fresh top-level one.
-                (Path(mountpoint) / "cgroup.subtree_control").write_text("+pids")
-                parent = Path(mountpoint) / "nanocomposer-sandbox"
-                parent.mkdir(exist_ok=True)
-                (parent / "cgroup.subtree_control").write_text("+pids")
-                return parent if _try_child_cgroup(parent) else None
-    except OSError:
-        return None
-    return None
-
-
-def _try_child_cgroup(parent: Path) -> bool:
-    probe = parent / f"probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        probe.mkdir()
-        (probe / "pids.max").write_text("8")
-        probe.rmdir()
-        return True
-    except OSError:
-        return False
-
-
-class _PidsCgroup:
-    """A pids cgroup: caps a process count, and lets us kill everything in it afterwards.
-
-    A Sandbox has one for the episode (`sandbox-<owner pid>-<hex>`, pids.max = Limits.episode_nproc)
-    and, nested under it, one per concurrent run (`run-<hex>`, pids.max = Limits.nproc), pooled and
-    reused, because a fresh one per run (mkdir, then rmdir only after the last zombie is reaped) sat
-    on every command's critical path. Nested pids cgroups are hierarchical on v1 and v2: a fork
-    fails when either limit is reached."""
-
-    def __init__(self, path: Path, max_pids: int | None = None, nest: bool = False):
-        self.path = path
-        if max_pids is not None:  # make it (None: adopt an existing one, for the sweep)
-            path.mkdir()
-            try:
-                (path / "pids.max").write_text(str(max_pids))
-                if nest and (path / "cgroup.subtree_control").exists():  # v2: let children use pids
-                    (path / "cgroup.subtree_control").write_text("+pids")
-            except OSError:
-                path.rmdir()
-                raise
-        # How the launching sh joins: by writing 0 ("myself"). On v1, `tasks` moves only the writing
-        # thread, which skips the global threadgroup lock that a `cgroup.procs` write takes (an RCU
-        # grace period: measured 1-25 ms, worst under load); sh has one thread, so all of it moves.
-        # v2 has only cgroup.procs.
-        tasks = self.path / "tasks"
-        self.join_file = tasks if tasks.exists() else self.path / "cgroup.procs"
-
-    def charged(self) -> int:
-        """Processes counted against pids.max: the live ones plus zombies not yet reaped. The init
-        bwrap leaves in its pid namespace is orphaned at exit, and the orphan reaper (pid 1) may take
-        seconds (~2 s here), so a cgroup is only reused once this is 0 and a run gets all of nproc."""
-        try:
-            return int((self.path / "pids.current").read_text())
-        except FileNotFoundError:
-            return 0
-
-    def peak(self) -> int | None:
-        """Most processes charged at once since creation (pids.peak, kernel >= 6.1 on v2, 6.x v1)."""
-        try:
-            return int((self.path / "pids.peak").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-
-    def pids(self) -> list[int]:
-        try:
-            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-        except FileNotFoundError:  # removed (Sandbox.close from another thread): nothing is in it
-            return []
-
-    def kill_all(self, grace_s: float = 2.0) -> bool:
-        """SIGKILL everything in the cgroup until it is empty; False if something is left after `grace_s`."""
-        deadline = time.monotonic() + grace_s
-        kill_file = self.path / "cgroup.kill"  # v2, kernel >= 5.14: atomic
-        has_kill_file = kill_file.exists()
-        while pids := self.pids():
-            if time.monotonic() > deadline:
-                return False
-            if has_kill_file:
-                kill_file.write_text("1")
-            for pid in pids:  # v1: kill repeatedly until empty; pids.max bounds what can respawn
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.001)
-        return True
-
-    def remove(self, grace_s: float = 2.0, warn: bool = True) -> bool:
-        """Kill what is left and delete the cgroup (its child cgroups first); False (after a warning)
-        if it cannot be deleted."""
-        deadline = time.monotonic() + grace_s
-        children = [c for c in self.path.iterdir() if c.is_dir()] if self.path.is_dir() else []
-        results = [_PidsCgroup(child).remove(grace_s, warn) for child in children]  # each, even after a failure
-        emptied = all(results)
-        if emptied and self.kill_all(grace_s):
-            while True:
-                try:
-                    self.path.rmdir()  # EBUSY until the killed processes' zombies are reaped
-                    return True
-                except FileNotFoundError:
-                    return True
-                except OSError:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.001)
-        if warn:
-            _warn_loudly(f"sandbox cgroup {self.path} still has processes after {grace_s}s; leaving it")
-        return False
-
-
-# A Sandbox's idle cgroups beyond this are removed: sequential runs cycle through about
-# (runs per second) x (orphan-reaping delay) of them, parallel tool calls a few more.
-_MAX_IDLE_CGROUPS = 8
-# An episode cgroup or a probe, named after the pid that made it. Older versions named theirs
-# `sandbox-<hex>`, with no owner: the sweep leaves those alone, as an idle one may belong to a live
-# harness still running old code.
-_OWNED_CGROUP = re.compile(r"^(?:sandbox|probe)-(\d+)-[0-9a-f]+$")
-
-
-def sweep_stale() -> list[Path]:
-    """Remove the cgroups of harness processes that died without closing their Sandboxes (SIGKILL),
-    killing whatever is still inside first; returns what was removed. Runs once per process at the
-    first Sandbox; call it at start-up to clean at once. Cheap: one directory listing. The pid check
-    assumes the harnesses sharing a cgroup tree share one pid namespace (true here: the tree is our
-    own cgroup's)."""
-    parent = _pids_cgroup_parent()
-    if parent is None:
-        return []
-    removed = []
-    for entry in sorted(parent.iterdir()):
-        owned = _OWNED_CGROUP.match(entry.name)
-        if owned and not pid_alive(int(owned.group(1))) and _PidsCgroup(entry).remove(grace_s=1.0, warn=False):
-            removed.append(entry)
-    return removed
-
-
-@functools.cache
-def _sweep_once() -> None:
-    try:
-        sweep_stale()
-    except OSError:  # housekeeping must never stop an episode from starting
-        pass
-
-
-def _remove_cgroups(cgroups: list[_PidsCgroup], episode: _PidsCgroup | None, lock: threading.Lock) -> None:
-    """Sandbox.close and its garbage-collection / interpreter-exit fallback (holds no Sandbox ref)."""
-    with lock:
-        doomed = cgroups[:]
-        cgroups.clear()
-    for cgroup in doomed:  # outside the lock: a run in flight may be killed here, and checks in after
-        cgroup.remove()
-    if episode is not None:
-        episode.remove()
-
-
-# --------------------------------------------------------------------------------------------------
-# backends
-
-
-def _launcher_script(limits: Limits, join_cgroup: bool, use_nproc_rlimit: bool) -> str:
-    """Script for `/bin/sh -c SCRIPT JOIN_FILE BACKEND... COMMAND...`: [join the cgroup named by $0,]
-    set soft = hard = min(requested, our hard limit) (unprivileged-safe) with `ulimit`, exec the rest.
-    One small exec instead of sh + prlimit; any failed step exits sh with the error in the output, so
-    the command never runs unconfined."""
-    wanted = [  # (dash ulimit flag, resource, value, dash's unit for that flag)
-        ("t", resource.RLIMIT_CPU, limits.cpu_s, 1),
-        ("v", resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024, 1024),
-        ("f", resource.RLIMIT_FSIZE, limits.file_size_mb * 1024 * 1024, 512),
-        ("n", resource.RLIMIT_NOFILE, limits.open_files, 1),
-        ("c", resource.RLIMIT_CORE, 0, 512),
-    ]
-    if use_nproc_rlimit:
-        wanted.append(("p", resource.RLIMIT_NPROC, limits.nproc, 1))
-    steps = ['echo 0 > "$0"'] if join_cgroup else []  # 0 = the writer itself
-    for flag, res, value, unit in wanted:
-        hard = resource.getrlimit(res)[1]
-        if hard != resource.RLIM_INFINITY:
-            value = min(value, hard)
-        steps.append(f"ulimit -{flag} {value // unit}")
-    return " && ".join([*steps, 'exec "$@"'])
-
-
-def _root_dir_args() -> list[str]:
-    args = ["--ro-bind", "/usr", "/usr"]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        host = Path("/") / name
-        if host.is_symlink():
-            args += ["--symlink", os.readlink(host), str(host)]
-        elif host.is_dir():
-            args += ["--ro-bind", str(host), str(host)]
-    args += ["--dir", "/etc"]
-    made = {Path("/etc")}
-    for entry in _ETC_ENTRIES:
-        path = Path("/etc", entry)
-        if path.exists():  # -try: it may still vanish before bwrap binds it
-            args += [*_parent_dirs_args(path, made), "--ro-bind-try", str(path), str(path)]
-    return args
-
-
-@functools.cache
-def _root_userns() -> tuple[int | None, str | None]:
-    """(fd, None) for a user namespace made once per root process, or (None, why not).
-
-    It maps inner 0 -> host 0 and SANDBOX_UID -> host SANDBOX_UID (uids and gids), and allows no
-    nested user namespace (user.max_user_namespaces = 0 inside it, which also binds its children).
-    bwrap joins it (`--userns`) and builds the sandbox as inner root, whose capabilities cover the
-    files of host root, so root-only paths (a Python under /root, workspaces under 0700 parents) can
-    still be bound; then the command drops to SANDBOX_UID with setpriv. bwrap 0.8 cannot do that
-    switch itself: with --userns and --uid it calls setuid before mounting, and loses its capabilities."""
-    script = 'read go && exec /bin/sh -c "echo 0 > /proc/sys/user/max_user_namespaces"'
-    try:
-        helper = subprocess.Popen(["unshare", "--user", "--", "/bin/sh", "-c", script], stdin=subprocess.PIPE,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_child_env(None),
-                                  close_fds=True)
-    except OSError as exc:
-        return None, f"cannot start unshare: {exc}"
-    fd = None
-    try:
-        ours, deadline = os.readlink("/proc/self/ns/user"), time.monotonic() + 10
-        while os.readlink(f"/proc/{helper.pid}/ns/user") == ours:  # until it has unshared
-            if helper.poll() is not None or time.monotonic() > deadline:
-                return None, f"unshare --user did not start: {helper.stderr.read().decode(errors='replace')[:200]}"
-            time.sleep(0.0002)
-        for kind in ("uid", "gid"):
-            Path(f"/proc/{helper.pid}/{kind}_map").write_text(f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n")
-        fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-        _, err = helper.communicate(b"go\n", timeout=10)  # exec'd as mapped root: may set the sysctl
-        if helper.returncode != 0:
-            os.close(fd)
-            return None, f"cannot disable nested user namespaces: {err.decode(errors='replace').strip()[:200]}"
-        return fd, None
-    except (OSError, subprocess.SubprocessError) as exc:
-        if fd is not None:
-            os.close(fd)
-        return None, f"cannot make the sandbox user namespace: {exc}"
-    finally:
-        if helper.poll() is None:
-            helper.kill()
-            helper.wait()
-
-
-@functools.cache
-def _setpriv() -> str | None:
-    """setpriv's real path when it lies under /usr (so it exists inside the sandbox)."""
-    found = shutil.which("setpriv")
-    real = Path(found).resolve() if found else None
-    return str(real) if real is not None and real.is_relative_to("/usr") else None
-
-
-@functools.cache
-def _bwrap_identity() -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], str | None]:
-    """(bwrap namespace/identity options, command prefix, fds bwrap needs, a warning or None)."""
-    drop = ("--cap-drop", "ALL")
-    plain = ("--unshare-all", "--unshare-user", "--disable-userns",
-             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), *drop)
-    if os.geteuid() != 0:  # inner SANDBOX_UID maps to our own uid: nothing more to drop
-        return plain, (), (), None
-    fd, why = _root_userns()
-    setpriv = _setpriv()
-    if fd is None or setpriv is None:
-        why = why or "setpriv (util-linux) is not installed under /usr"
-        return plain, (), (), (
-            f"bwrap cannot drop to an unprivileged host uid ({why}): sandboxed commands run as HOST ROOT "
-            "(a setuid file they make in the workspace is a root shell for any local user; root-owned "
-            "files are theirs). Install util-linux's setpriv and unshare.")
-    namespaces = ("--userns", str(fd), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-                  "--unshare-cgroup-try")
-    # bwrap's last steps run as inner root with only these: chdir into the 0700 workspace (owned by the
-    # sandbox uid) needs DAC_READ_SEARCH, setpriv the other three; setpriv then drops every
-    # capability, the bounding set included, with the uid.
-    keep = ("--cap-add", "CAP_DAC_READ_SEARCH", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-            "--cap-add", "CAP_SETPCAP")
-    prefix = (setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
-              "--inh-caps=-all", "--bounding-set=-all", "--")
-    return (*namespaces, *drop, *keep), prefix, (fd,), None
-
-
-def bwrap_host_uid() -> int:
-    """The host uid that commands run as under the bwrap backend: SANDBOX_UID when the harness is
-    root (0 only in the warned-about case that setpriv/unshare are missing), else the caller's uid."""
-    if os.geteuid() != 0:
-        return os.geteuid()
-    return SANDBOX_UID if _bwrap_identity()[1] else 0
-
-
-def _parent_dirs_args(path: Path, made: set[Path]) -> list[str]:
-    """`--dir` for each ancestor of `path` not made yet, mode 0755: bwrap 0.8 creates a bind's missing
-    parents 0700, which the unprivileged sandbox user could not traverse."""
-    args = []
-    for ancestor in reversed(path.parents[:-1]):  # from the top, without "/"
-        if ancestor not in made:
-            args += ["--perms", "0755", "--dir", str(ancestor)]
-            made.add(ancestor)
-    return args
-
-
-def _bwrap_argv(workspace: Path, limits: Limits) -> list[str]:
-    identity = _bwrap_identity()[0]
-    args = ["bwrap", *identity, "--die-with-parent", "--new-session", *_root_dir_args(), "--proc", "/proc"]
-    # bwrap 0.8 covers these only when its setup may write the directory (never /proc/sys, whose mode is
-    # 0555). The host's /proc/sys shows the same values: sysctl files resolve against the reader's own
-    # namespaces (net, uts, ipc), not the proc mount's.
-    for entry in ("sys", "sysrq-trigger", "irq", "bus"):
-        args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
-    args += ["--dev", "/dev",
-             "--perms", "1777", "--size", str(limits.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm",
-             "--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
-    made = {Path(p) for p in ("/usr", "/etc", "/proc", "/dev", "/tmp")}
-    # After the tmpfs: a venv or workspace under /tmp would otherwise be hidden by it.
-    roots = _python_roots()
-    for root in roots:
-        args += [*_parent_dirs_args(root, made), "--ro-bind", str(root), str(root)]
-        made.add(root)
-    for named, real in _python_aliases(roots):
-        args += [*_parent_dirs_args(named, made), "--symlink", str(real), str(named)]
-        made.add(named)
-    return args + [*_parent_dirs_args(workspace, made), "--bind", str(workspace), str(workspace),
-                   "--chdir", str(workspace), "--"]
-
-
-def _backend_argv(backend: str, workspace: Path, limits: Limits) -> tuple[list[str], tuple[int, ...]]:
-    """The argv prefix that runs a command under `backend`, and the fds it must inherit."""
-    if backend == "bwrap":
-        _identity, prefix, fds, _warning = _bwrap_identity()
-        return [*_bwrap_argv(workspace, limits), *prefix], fds
-    if backend == "unshare":
-        user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-        return ["unshare", *user, "--net", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child", "--"], ()
-    if backend == "rlimits":
-        return [], ()
-    raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {SANDBOX_BACKENDS} or 'auto'")
-
-
-@functools.cache
-def backend_unavailable_reason(backend: str) -> str | None:
-    """None if `backend` runs `true` on this machine, else why not (probed once per backend)."""
-    tool = {"bwrap": "bwrap", "unshare": "unshare", "rlimits": None}[backend]
-    if tool and shutil.which(tool) is None:
-        return f"{tool} is not installed"
-    with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as tmp:
-        argv, fds = _backend_argv(backend, Path(tmp).resolve(), Limits())
-        try:
-            proc = subprocess.run([*argv, "true"], check=False, cwd=tmp, env=_child_env(None), capture_output=True,
-                                  text=True, timeout=20, pass_fds=fds)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{backend} probe failed: {exc}"
-    if proc.returncode != 0:
-        return f"{backend} probe exited {proc.returncode}: {proc.stderr.strip()[:300]}"
-    return None
-
-
-@functools.cache
-def detect_backend() -> str:
-    """The strongest backend that works here: "bwrap" | "unshare" | "rlimits" (probed once)."""
-    reasons = []
-    for backend in SANDBOX_BACKENDS[:-1]:
-        reason = backend_unavailable_reason(backend)
-        if reason is None:
-            break
-        reasons.append(reason)
-    else:
-        backend = "rlimits"
-    if backend != "bwrap":
-        _warn_loudly(f"sandbox falls back to '{backend}' ({'; '.join(reasons)}). LOST: "
-                     f"{_LOST_PROTECTIONS[backend]}. Do not run untrusted policies on a shared machine.")
-    elif (warning := _bwrap_identity()[3]) is not None:
-        _warn_loudly(warning)
-    if _pids_cgroup_parent() is None and os.geteuid() == 0 and (backend != "bwrap" or bwrap_host_uid() == 0):
-        _warn_loudly("no writable pids cgroup and commands run as root: RLIMIT_NPROC is not enforced for "
-                     "uid 0, so fork bombs are bounded only by the wall-clock timeout.")
-    return backend
 
 
 # --------------------------------------------------------------------------------------------------
@@ -768,7 +286,7 @@ class Sandbox:
         self.backend = backend
         self.limits = limits
         self.max_output_chars = max_output_chars
-        self._env = _child_env(env)
+        self._env = child_env(env)
         # The workspace must belong to the sandbox uid when that is not ours (bwrap run as root).
         host_uid = bwrap_host_uid() if backend == "bwrap" else os.geteuid()
         self._owner = (host_uid, host_uid) if host_uid != os.geteuid() else None
@@ -776,25 +294,25 @@ class Sandbox:
         # is capped by the kernel; any other is measured after each run.
         self._disk_capped = _is_capped_mount(self.workspace, limits.disk_mb)
         self._walk_workspace(chown=True)
-        self._cgroup_parent = _pids_cgroup_parent()
+        self._cgroup_parent = pids_cgroup_parent()
         if self._cgroup_parent is not None:
-            _sweep_once()
+            sweep_once()
         use_nproc_rlimit = self._cgroup_parent is None and (backend == "bwrap" and host_uid != 0
                                                             or os.geteuid() != 0)
-        self._launcher = ["/bin/sh", "-c", _launcher_script(limits, self._cgroup_parent is not None, use_nproc_rlimit)]
-        self._backend_argv, self._pass_fds = _backend_argv(backend, self.workspace, limits)
+        self._launcher = ["/bin/sh", "-c", launcher_script(limits, self._cgroup_parent is not None, use_nproc_rlimit)]
+        self.backend_argv, self._pass_fds = backend_argv(backend, self.workspace, limits)
         self._run_slots = threading.BoundedSemaphore(limits.max_concurrent_runs)
         # The episode's cgroup (all runs nested in it), every run cgroup made and not yet removed, and
         # the idle ones (empty, free for the next run).
         self._episode = None
         if self._cgroup_parent is not None:
-            self._episode = _PidsCgroup(self._cgroup_parent / f"sandbox-{os.getpid()}-{uuid.uuid4().hex[:16]}",
+            self._episode = PidsCgroup(self._cgroup_parent / f"sandbox-{os.getpid()}-{uuid.uuid4().hex[:16]}",
                                         limits.episode_nproc, nest=True)
-        self._cgroups: list[_PidsCgroup] = []
-        self._idle_cgroups: list[_PidsCgroup] = []
+        self._cgroups: list[PidsCgroup] = []
+        self._idle_cgroups: list[PidsCgroup] = []
         self._cgroups_lock = threading.Lock()
         self._closed = False
-        self._finalizer = weakref.finalize(self, _remove_cgroups, self._cgroups, self._episode, self._cgroups_lock)
+        self._finalizer = weakref.finalize(self, remove_cgroups, self._cgroups, self._episode, self._cgroups_lock)
 
     def close(self) -> None:
         """Kill whatever still runs and remove this sandbox's cgroups. Idempotent; `run` then raises."""
@@ -853,7 +371,7 @@ class Sandbox:
         note = f"\n[sandbox: the workspace {why}: this call fails; delete files to continue]"
         return dataclasses.replace(result, output=result.output + note, disk_exceeded=True)
 
-    def _check_out_cgroup(self) -> _PidsCgroup | None:
+    def _check_out_cgroup(self) -> PidsCgroup | None:
         """An empty cgroup for one run (reused, or made now); None when no pids controller is usable."""
         with self._cgroups_lock:
             if self._closed:
@@ -863,18 +381,18 @@ class Sandbox:
             for i, idle in enumerate(self._idle_cgroups):
                 if idle.charged() == 0:
                     return self._idle_cgroups.pop(i)
-            cgroup = _PidsCgroup(self._episode.path / f"run-{uuid.uuid4().hex[:16]}", self.limits.nproc)
+            cgroup = PidsCgroup(self._episode.path / f"run-{uuid.uuid4().hex[:16]}", self.limits.nproc)
             self._cgroups.append(cgroup)
             return cgroup
 
-    def _check_in_cgroup(self, cgroup: _PidsCgroup) -> None:
+    def _check_in_cgroup(self, cgroup: PidsCgroup) -> None:
         """Pool the cgroup again once nothing of the run is left in it (or remove it: pool full, closed)."""
         emptied = cgroup.kill_all()  # usually already empty: one read of cgroup.procs
         if not emptied:  # stays in self._cgroups, so close() tries again; never reused
-            _warn_loudly(f"sandbox cgroup {cgroup.path} still has processes after a run; not reusing it")
+            warn_loudly(f"sandbox cgroup {cgroup.path} still has processes after a run; not reusing it")
             return
         with self._cgroups_lock:
-            if not self._closed and len(self._idle_cgroups) < _MAX_IDLE_CGROUPS:
+            if not self._closed and len(self._idle_cgroups) < MAX_IDLE_CGROUPS:
                 self._idle_cgroups.append(cgroup)
                 return
             owned = cgroup in self._cgroups  # False if a concurrent close() took it already
@@ -883,9 +401,9 @@ class Sandbox:
         if owned:
             cgroup.remove()
 
-    def _run_in(self, cgroup: _PidsCgroup | None, argv: list[str], timeout_s: float) -> ExecResult:
+    def _run_in(self, cgroup: PidsCgroup | None, argv: list[str], timeout_s: float) -> ExecResult:
         join_file = str(cgroup.join_file) if cgroup is not None else "sh"  # $0 of the launcher script
-        full_argv = [*self._launcher, join_file, *self._backend_argv, *argv]
+        full_argv = [*self._launcher, join_file, *self.backend_argv, *argv]
         output = _CappedOutput(self.max_output_chars)
         start = time.monotonic()
         proc = subprocess.Popen(full_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -923,7 +441,7 @@ class Sandbox:
                 return False  # exited; a leftover child may hold the pipe, the kill below ends it
 
     @staticmethod
-    def _kill_everything(proc: subprocess.Popen, cgroup: _PidsCgroup | None) -> None:
+    def _kill_everything(proc: subprocess.Popen, cgroup: PidsCgroup | None) -> None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the group leader's pgid outlives it while members live
         except (ProcessLookupError, PermissionError):
@@ -945,3 +463,4 @@ class Sandbox:
             if not chunk:
                 return
             output.feed(chunk)
+

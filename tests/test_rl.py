@@ -356,8 +356,8 @@ def test_grpo_steps_through_train_rl(micro, tasks, tmp_path):
 def test_a_killed_rl_run_leaves_nothing_the_next_run_does_not_sweep(micro, tasks, tmp_path):
     # SIGKILL in the middle of a rollout (a crash, an OOM kill): sandboxed commands die with the trainer
     # (bwrap --die-with-parent); its workspaces and cgroups carry its pid, and the next harness process
-    # to start removes them (env.sandbox.sweep_stale, env.workspace.sweep_stale_workspaces).
-    from env.sandbox import _pids_cgroup_parent
+    # to start removes them (env.sandbox_cgroups.sweep_stale, env.workspace.sweep_stale_workspaces).
+    from env.sandbox_cgroups import pids_cgroup_parent
 
     path, _, _ = micro
     root, _ = tasks
@@ -381,8 +381,8 @@ def test_a_killed_rl_run_leaves_nothing_the_next_run_does_not_sweep(micro, tasks
         proc.wait()
     time.sleep(1.0)  # the kernel tears the sandboxes' pid namespaces down
     assert not [p for p in harness_leftovers(tmp) if p.isdigit()], "a sandboxed process outlived the trainer"
-    cgroups = _pids_cgroup_parent()
-    sweep = "import env.sandbox, env.workspace; env.sandbox.sweep_stale(); env.workspace.sweep_stale_workspaces()"
+    cgroups = pids_cgroup_parent()
+    sweep = "import env.sandbox_cgroups, env.workspace; env.sandbox_cgroups.sweep_stale(); env.workspace.sweep_stale_workspaces()"
     subprocess.run([sys.executable, "-c", sweep], cwd=ROOT, env=env, check=True, timeout=60)
     assert harness_leftovers(tmp) == []
     if cgroups is not None:

@@ -13,21 +13,14 @@ from pathlib import Path
 
 import pytest
 
-import env.sandbox as sandbox_module
-from env.sandbox import (
-    _MAX_WALK_DEPTH,
-    SANDBOX_BACKENDS,
-    ExecResult,
-    Limits,
-    Sandbox,
-    _pids_cgroup_parent,
-    backend_unavailable_reason,
-    bwrap_host_uid,
-)
+import env.sandbox_launch as launch_module
+from env.sandbox import _MAX_WALK_DEPTH, ExecResult, Sandbox
+from env.sandbox_cgroups import pids_cgroup_parent
+from env.sandbox_launch import SANDBOX_BACKENDS, Limits, backend_unavailable_reason, bwrap_host_uid
 from env.workspace import PathError, resolve_in
 
 ISOLATING = ("bwrap", "unshare")  # backends with a network namespace
-FORK_BOUNDED = _pids_cgroup_parent() is not None or os.geteuid() != 0
+FORK_BOUNDED = pids_cgroup_parent() is not None or os.geteuid() != 0
 
 
 def _backend(name: str) -> str:
@@ -188,7 +181,7 @@ def test_background_processes_do_not_survive(backend: str, ws: Path):
     # Each holds the output pipe open; setsid also leaves the process group.
     r = sb.run(f"sleep {marker} & setsid sleep {marker}1 & (sleep {marker}2 &) ; echo started", timeout_s=10)
     assert r.ok and r.output.strip() == "started" and r.wall_s < 5, r
-    if backend == "rlimits" and _pids_cgroup_parent() is None:
+    if backend == "rlimits" and pids_cgroup_parent() is None:
         pytest.skip("rlimits without a pids cgroup: setsid children escape (documented)")
     assert _procs_with(f"sleep {marker}") == []
 
@@ -220,7 +213,7 @@ def test_host_secrets_are_invisible_under_bwrap(ws: Path, tmp_path: Path):
 
 
 def _needs_pids_cgroup() -> None:
-    if _pids_cgroup_parent() is None:
+    if pids_cgroup_parent() is None:
         pytest.skip("no writable pids cgroup here: sandboxes hold no cgroups")
 
 
@@ -323,10 +316,10 @@ def test_setuid_bits_are_cleared_after_every_run(ws: Path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="the setpriv fallback exists only for a root harness")
 def test_root_without_setpriv_falls_back_to_host_root_loudly(ws: Path, monkeypatch: pytest.MonkeyPatch):
     _backend("bwrap")
-    monkeypatch.setattr(sandbox_module, "_setpriv", lambda: None)
-    sandbox_module._bwrap_identity.cache_clear()
+    monkeypatch.setattr(launch_module, "_setpriv", lambda: None)
+    launch_module.bwrap_identity.cache_clear()
     try:
-        assert "HOST ROOT" in sandbox_module._bwrap_identity()[3]
+        assert "HOST ROOT" in launch_module.bwrap_identity()[3]
         assert bwrap_host_uid() == 0
         with Sandbox(ws, backend="bwrap") as sb:
             r = sb.run("echo x > made.txt; id -u")
@@ -334,7 +327,7 @@ def test_root_without_setpriv_falls_back_to_host_root_loudly(ws: Path, monkeypat
         assert (ws / "made.txt").stat().st_uid == 0
     finally:
         monkeypatch.undo()
-        sandbox_module._bwrap_identity.cache_clear()
+        launch_module.bwrap_identity.cache_clear()
     assert bwrap_host_uid() == 65534
 
 
@@ -360,6 +353,6 @@ def test_the_python_on_the_sandbox_path_is_one_the_sandbox_mounts(tmp_path, monk
     link.symlink_to(Path(sys.prefix).resolve(), target_is_directory=True)
     for prefix in (sys.prefix, str(link)):
         monkeypatch.setattr(sys, "prefix", prefix)
-        venv_bin = Path(sandbox_module._child_env(None)["PATH"].split(":")[0])
-        roots = sandbox_module._python_roots()
+        venv_bin = Path(launch_module.child_env(None)["PATH"].split(":")[0])
+        roots = launch_module.python_roots()
         assert any(venv_bin.is_relative_to(root) for root in roots) or venv_bin.is_relative_to("/usr"), (venv_bin, roots)

@@ -20,14 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from env.sandbox import (
-    Limits,
-    Sandbox,
-    _pids_cgroup_parent,
-    backend_unavailable_reason,
-    bwrap_host_uid,
-    sweep_stale,
-)
+from env.sandbox import Sandbox
+from env.sandbox_cgroups import pids_cgroup_parent, sweep_stale
+from env.sandbox_launch import Limits, backend_unavailable_reason, bwrap_host_uid
 from env.workspace import (
     _our_mounts,
     make_workspace,
@@ -37,7 +32,7 @@ from env.workspace import (
 )
 
 ROOT = os.geteuid() == 0
-HAS_CGROUP = _pids_cgroup_parent() is not None
+HAS_CGROUP = pids_cgroup_parent() is not None
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(backend_unavailable_reason("bwrap") is not None,
@@ -235,7 +230,7 @@ def _episode_bound(limits: Limits) -> int:
 
 def test_48_parallel_runs_stay_within_the_episode_bound(src: Path):
     # A run holds ~9 processes (bwrap's two, bash, 5 sleeps + forks); each finished run leaves
-    # bwrap's namespace init as a zombie charged to the episode for ~2 s (see _PidsCgroup.charged).
+    # bwrap's namespace init as a zombie charged to the episode for ~2 s (see PidsCgroup.charged).
     # Without a pids cgroup, RLIMIT_NPROC counts all the uid's processes (pytest's too): room for 4 runs.
     limits = Limits(nproc=32 if HAS_CGROUP else 128, episode_nproc=128, max_concurrent_runs=4)
     marker = f"0.0000{uuid.uuid4().int % 10**10:010d}"  # sleep adds its arguments: a unique tiny extra
