@@ -27,10 +27,13 @@ from trl import GRPOConfig, ModelConfig
 
 from env.task_sets import resolve_task_set
 from env.tasks import TaskError
-from nanocomposer.common import check_model_path, configure_device, finish_wandb, init_wandb, print0, run_main
+from nanocomposer.common import print0, run_main
 from nanocomposer.config import ConfigError, RecipeParser, recipe_reward_funcs
+from nanocomposer.inputs import check_model_path
+from nanocomposer.model_io import configure_device
 from nanocomposer.realtime.config import RealtimeArguments
 from nanocomposer.realtime.traffic import training_draw
+from nanocomposer.run_record import finish_wandb, init_wandb
 
 STAGE = "realtime"
 

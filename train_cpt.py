@@ -11,7 +11,7 @@ data_manifest.json, checkpoints and the offline W&B run.
 
 Plain `transformers.Trainer` rather than TRL's SFTTrainer: on CPU it is ~1.6x faster (SFTTrainer's
 chunked LM-head loss) and SFTTrainer's default bfd packing truncates every document to max_length.
-Packing is ours (`nanocomposer.common.pack_documents`): full blocks, no
+Packing is ours (`nanocomposer.packing.pack_documents`): full blocks, no
 padding, `position_ids` restarting at every document so attention is block-causal (no cross-document
 leakage; tests/test_train_cpt.py checks the logits of a document alone and packed). That holds for a forward
 without a KV cache, as in training: with one, transformers skips its packed-sequence detection.
@@ -25,27 +25,15 @@ from dataclasses import dataclass, field
 from transformers import Trainer, TrainingArguments, default_data_collator
 from trl import ModelConfig
 
-from nanocomposer.common import (
-    check_model_path,
-    configure_device,
-    document_separator_id,
-    finish_wandb,
-    load_model,
-    load_splits,
-    load_tokenizer,
-    pack_documents,
-    peft_config,
-    perplexity,
-    prepare_output_dir,
-    print0,
-    run_main,
-    save_final_model,
-    start_stage_run,
-    write_model_card,
-)
+from nanocomposer.common import print0, run_main
 from nanocomposer.config import ArgumentError, ConfigError, CPTScriptArguments, RecipeParser
 from nanocomposer.copy_eval import CopyAccuracyCallback, make_probes
 from nanocomposer.copy_warmup import FIRST_ID, copy_warmup_blocks, distinct_ids
+from nanocomposer.inputs import check_model_path, load_splits
+from nanocomposer.model_io import configure_device, load_model, load_tokenizer, peft_config, save_final_model
+from nanocomposer.packing import document_separator_id, pack_documents
+from nanocomposer.run_dir import prepare_output_dir
+from nanocomposer.run_record import finish_wandb, perplexity, start_stage_run, write_model_card
 
 STAGE = "cpt"
 

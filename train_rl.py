@@ -32,20 +32,7 @@ from trl import GRPOConfig, GRPOTrainer, ModelConfig
 from env.budget import Budget
 from env.episode import EpisodeConfig
 from env.tasks import TaskError
-from nanocomposer.common import (
-    check_model_path,
-    configure_device,
-    finish_wandb,
-    load_model,
-    load_tokenizer,
-    peft_config,
-    prepare_output_dir,
-    print0,
-    run_main,
-    save_final_model,
-    start_stage_run,
-    write_model_card,
-)
+from nanocomposer.common import print0, run_main
 from nanocomposer.config import (
     ArgumentError,
     ConfigError,
@@ -54,6 +41,8 @@ from nanocomposer.config import (
     budget_from_arguments,
     recipe_reward_funcs,
 )
+from nanocomposer.inputs import check_model_path
+from nanocomposer.model_io import configure_device, load_model, load_tokenizer, peft_config, save_final_model
 from nanocomposer.policy import SamplingConfig
 from nanocomposer.rollout import (
     AgentRollout,
@@ -63,6 +52,8 @@ from nanocomposer.rollout import (
     resolve_training_tasks,
     task_prompt_dataset,
 )
+from nanocomposer.run_dir import prepare_output_dir
+from nanocomposer.run_record import finish_wandb, start_stage_run, write_model_card
 
 STAGE = "rl"
 

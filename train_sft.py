@@ -39,24 +39,13 @@ from pathlib import Path
 
 from trl import ModelConfig, SFTConfig
 
-from nanocomposer.common import (
-    check_model_path,
-    configure_device,
-    fail,
-    finish_wandb,
-    load_model,
-    load_splits,
-    load_tokenizer,
-    peft_config,
-    prepare_output_dir,
-    print0,
-    run_main,
-    save_final_model,
-    start_stage_run,
-    write_model_card,
-)
+from nanocomposer.common import fail, print0, run_main
 from nanocomposer.config import ConfigError, RecipeParser, SFTScriptArguments
 from nanocomposer.harness_eval import HarnessEvalCallback, plan_harness_eval
+from nanocomposer.inputs import check_model_path, load_splits
+from nanocomposer.model_io import configure_device, load_model, load_tokenizer, peft_config, save_final_model
+from nanocomposer.run_dir import prepare_output_dir
+from nanocomposer.run_record import finish_wandb, start_stage_run, write_model_card
 from nanocomposer.sft_loss import sft_trainer_class
 
 STAGE = "sft"

@@ -70,7 +70,7 @@ def card_value(text: str):
 
 
 def model_card(stage_dir: Path) -> dict[str, dict]:
-    """{section: {key: value}} from a stage's README.md (nanocomposer.common.write_model_card); {} if absent."""
+    """{section: {key: value}} from a stage's README.md (nanocomposer.run_record.write_model_card); {} if absent."""
     card = stage_dir / "README.md"
     if not card.is_file():
         return {}

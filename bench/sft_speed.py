@@ -29,9 +29,10 @@ def build_trainers(config: str, model: str | None, dataset: str | None, rows: in
     import torch
     from trl import ModelConfig, SFTConfig, SFTTrainer
 
-    from nanocomposer.common import load_model, load_splits, load_tokenizer, peft_config
     from nanocomposer.config import RecipeParser, SFTScriptArguments
     from nanocomposer.dtypes import resolve_dtype
+    from nanocomposer.inputs import load_splits
+    from nanocomposer.model_io import load_model, load_tokenizer, peft_config
     from nanocomposer.sft_loss import sft_trainer_class
 
     flags = ["--config", config, "--output_dir", out, "--report_to", "none", "--run", "bench-sft-speed"]

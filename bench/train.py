@@ -70,13 +70,9 @@ def bench_args(stage: str, steps: int, out: Path, model: str, data: str, *extra:
 def bench_cpt(steps: int, model_path: str, corpus: str, work: Path) -> list[tuple]:
     from transformers import DataCollatorForLanguageModeling, Trainer, default_data_collator
 
-    from nanocomposer.common import (
-        document_separator_id,
-        load_model,
-        load_splits,
-        load_tokenizer,
-        pack_documents,
-    )
+    from nanocomposer.inputs import load_splits
+    from nanocomposer.model_io import load_model, load_tokenizer
+    from nanocomposer.packing import document_separator_id, pack_documents
 
     script_args, training_args, model_args = bench_args("cpt", steps, work / "cpt", model_path, corpus)
     training_args.use_cpu = not torch.cuda.is_available()
@@ -104,7 +100,8 @@ def bench_sft(steps: int, model_path: str, sft_data: str, work: Path) -> list[tu
     from transformers import DataCollatorForSeq2Seq, Trainer
     from trl import SFTTrainer
 
-    from nanocomposer.common import load_model, load_splits, load_tokenizer
+    from nanocomposer.inputs import load_splits
+    from nanocomposer.model_io import load_model, load_tokenizer
 
     _, training_args, model_args = bench_args("sft", steps, work / "sft", model_path, sft_data)
     training_args.use_cpu = not torch.cuda.is_available()

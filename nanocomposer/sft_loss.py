@@ -173,7 +173,7 @@ def measure_step_seconds(model_path: str, dataset_path: str, *, rows: int = 64, 
     from datasets import load_from_disk
     from transformers import AutoModelForCausalLM
 
-    from nanocomposer.common import load_tokenizer
+    from nanocomposer.model_io import load_tokenizer
 
     data = load_from_disk(dataset_path)["train"].select_columns(["messages", "tools"])
     data = data.select(range(min(rows, len(data))))

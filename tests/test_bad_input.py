@@ -309,7 +309,7 @@ DAMAGES = [  # what a save cut short (or a copy cut short) can leave, and how ch
 
 @pytest.mark.parametrize("damage, expected", [(d[1], d[2]) for d in DAMAGES], ids=[d[0] for d in DAMAGES])
 def test_checkpoint_problem_names_what_is_missing_or_cut(cpt_run, tmp_path, damage, expected):
-    from nanocomposer.common import checkpoint_problem
+    from nanocomposer.run_dir import checkpoint_problem
 
     checkpoint = shutil.copytree(cpt_run / "checkpoint-1", tmp_path / "checkpoint-1")
     assert checkpoint_problem(checkpoint) is None  # what the Trainer wrote is complete

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.device import PEAK_BF16_TFLOPS, cpt_metrics, model_card, table_rows
-from nanocomposer.common import write_model_card
+from nanocomposer.run_record import write_model_card
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGE_STEPS = ("gpu_tests", "data", "cpt", "sft", "rl", "eval")  # + wheels and imports on the GPU machine
@@ -82,7 +82,7 @@ def test_dry_run_returns_few_flat_files_and_prints_the_readme_rows(dry_run):
 
 
 def test_model_card_numbers_read_back(tmp_path):
-    """What nanocomposer.common.write_model_card writes (1,234 and 4-significant-digit floats) parses back."""
+    """What nanocomposer.run_record.write_model_card writes (1,234 and 4-significant-digit floats) parses back."""
     write_model_card(tmp_path, "t", "intro", {"Result": {"global_step": 1234, "train_tokens_per_second": 123456.7,
                                                          "train_loss": 0.123456, "initial_eval_loss": None},
                                               "Last steps": {"behaviour/solve_rate": 0.25}})

@@ -220,7 +220,7 @@ def test_the_monitor_warns_on_drift_from_the_start_that_each_gate_step_lets_thro
 @pytest.fixture(scope="module")
 def scripted_loop(world, tmp_path_factory):
     """A loop whose v0 is the oracle, with its agent server running."""
-    from nanocomposer.common import configure_device
+    from nanocomposer.model_io import configure_device
 
     args, training_args, model_args = parse(world, tmp_path_factory.mktemp("runs"), "oracle")
     configure_device(training_args)

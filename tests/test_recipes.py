@@ -42,7 +42,7 @@ def test_every_stage_has_a_script_and_a_tiny_and_a_gpu_recipe():
 
 @pytest.mark.parametrize("recipe", STAGE_RECIPES, ids=recipe_id)
 def test_recipe_parses(recipe, monkeypatch, tmp_path):
-    from nanocomposer.common import prepare_output_dir
+    from nanocomposer.run_dir import prepare_output_dir
 
     monkeypatch.chdir(ROOT)
     stage = recipe.stem.split("_")[0]  # rl_long.yaml, rl_2gpu.yaml: variants of stage rl

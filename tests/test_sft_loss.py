@@ -14,7 +14,7 @@ from trl import SFTConfig, SFTTrainer
 
 import train_sft
 from nanocomposer import sft_loss
-from nanocomposer.common import load_tokenizer
+from nanocomposer.model_io import load_tokenizer
 from nanocomposer.sft_loss import LabelledOnlyHeadSFTTrainer, sft_trainer_class, unsupported_model
 from tests import test_train_sft
 from tests.test_train_sft import sft_args, trajectory

@@ -11,8 +11,9 @@ import torch
 from datasets import Dataset, DatasetDict
 
 import train_cpt
-from nanocomposer.common import document_separator_id, load_model, load_tokenizer, pack_documents
 from nanocomposer.model import build_base
+from nanocomposer.model_io import load_model, load_tokenizer
+from nanocomposer.packing import document_separator_id, pack_documents
 from tests.conftest import assert_merged_lora_checkpoint
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

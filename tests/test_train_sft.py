@@ -12,8 +12,8 @@ from datasets import Dataset, DatasetDict
 from trl import SFTTrainer
 
 import train_sft
-from nanocomposer.common import load_model, load_tokenizer
 from nanocomposer.model import build_base
+from nanocomposer.model_io import load_model, load_tokenizer
 from tests.conftest import assert_merged_lora_checkpoint
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -83,7 +83,7 @@ class Registry:
         checkpoint that would not load (a candidate half-written by a killed trainer, truncated weights)."""
         spec = self.spec(version)  # exists and is readable
         if not is_scripted(spec) and not is_remote(spec):
-            from nanocomposer.common import model_dir_problem  # lazy: scripted registries need no torch
+            from nanocomposer.inputs import model_dir_problem  # lazy: scripted registries need no torch
 
             if (problem := model_dir_problem(Path(spec), chat_template=True)) is not None:
                 raise RegistryError(f"registry {str(self.root)!r}: version {version!r} cannot be promoted: "

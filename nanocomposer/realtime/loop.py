@@ -341,7 +341,7 @@ class Loop:
     # ------------------------------------------------------------------ gate, promote
     def check_candidate(self, name: str) -> None:
         """CandidateError unless version `name` is a servable checkpoint (or a scripted policy)."""
-        from nanocomposer.common import model_dir_problem
+        from nanocomposer.inputs import model_dir_problem
         from nanocomposer.policies import is_scripted
 
         try:

@@ -159,7 +159,7 @@ def train_candidate(items: list[dict], *, model_path: str, out_dir: Path, traini
     """
     from datasets import Dataset
 
-    from nanocomposer.common import load_model, load_tokenizer, peft_config, save_final_model
+    from nanocomposer.model_io import load_model, load_tokenizer, peft_config, save_final_model
 
     size = training_args.num_generations
     per_step = training_args.generation_batch_size
