@@ -15,6 +15,8 @@ from nanocomposer.common import document_separator_id, load_model, load_tokenize
 from nanocomposer.model import build_base
 from tests.conftest import assert_merged_lora_checkpoint
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 STDLIB_FILES = ["abc.py", "bisect.py", "colorsys.py", "copy.py", "fnmatch.py", "glob.py", "heapq.py",
                 "keyword.py", "opcode.py", "shlex.py", "string.py", "textwrap.py", "this.py", "token.py"]
