@@ -42,7 +42,7 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory test-sandbox-user
 
 # The inner loop: the suite without the tests marked `slow` (stages, servers, built models; tests/README.md).
-# Measured: 4 min 41 s wall, 2 cores loaded ~5x by others' runs (166 s CPU); ~1.5-2 min unloaded (estimate).
+# Measured 3 min 12 s and 4 min 41 s wall with the 2 cores shared (load 4-5.5); ~1.5-2 min unloaded (estimate).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
