@@ -80,21 +80,37 @@ class RenderError(ValueError):
     """SFT rows whose assistant turns, as a chat template renders them, do not parse in the harness."""
 
 
+def load_tokenizer(spec: str):
+    """`AutoTokenizer.from_pretrained(spec)` without the model's code (data/ imports nothing from nanocomposer,
+    tests/test_layers.py). A checkpoint whose config.json names a model type transformers does not know (the
+    project's smeared_llama, registered by nanocomposer.smeared_llama) has that config read as a plain
+    PreTrainedConfig with the same model_type: AutoTokenizer picks its tokenizer class the same way as with the type
+    registered (nothing maps smeared_llama to a tokenizer), minus the warning of its own fallback for such a type."""
+    from transformers import AutoTokenizer, PreTrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config_file = Path(spec) / "config.json"
+    if config_file.is_file():
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        if config.get("model_type") not in CONFIG_MAPPING:
+            return AutoTokenizer.from_pretrained(spec, config=PreTrainedConfig.from_dict(config))
+    return AutoTokenizer.from_pretrained(spec)
+
+
 def _renderer(spec: str):
-    """(label, render) for a template spec: "project" (nanocomposer/chat_template.jinja) or a tokenizer
+    """(label, render) for a template spec: "project" (env/chat_template.jinja) or a tokenizer
     directory / hub id, whose own template and, when it has no {% generation %} markers, the training
     template TRL's SFTTrainer swaps in for assistant-only loss, are both checked."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     if spec == "project":
-        from nanocomposer.model import load_chat_template
+        from env.protocol import load_chat_template
 
         templates = [("project", load_chat_template())]
     else:
-        from transformers import AutoTokenizer
         from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
-        tok = AutoTokenizer.from_pretrained(spec)
+        tok = load_tokenizer(spec)
         if not tok.chat_template:
             raise RenderError(f"--verify-template {spec}: the tokenizer has no chat template")
         templates = [(spec, tok.chat_template)]
@@ -259,11 +275,7 @@ def build(tasks_dir: Path, out: Path, variants: int, seed: int, workers: int, li
 
 
 def _token_stats(rows: list[dict], tokenizer_path: str) -> dict:
-    from transformers import AutoTokenizer
-
-    import nanocomposer.smeared_llama  # noqa: F401  (registers the model type a checkpoint's config names)
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    tok = load_tokenizer(tokenizer_path)
     lengths = sorted(len(tok.apply_chat_template(r["messages"], tools=json.loads(r["tools"]), tokenize=True,
                                                  return_dict=False))
                      for r in rows)

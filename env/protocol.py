@@ -20,6 +20,11 @@ outside +-(2**63 - 1) (Python refuses to even print ints of 4,300+ digits), NaN 
 blocks, errors, argument values and keys) is UTF-8 encodable: lone surrogates, which a
 JSON `\ud800` escape or a careless policy can produce and which crash any UTF-8 writer
 later, are replaced by U+FFFD (`utf8_clean`).
+
+The same protocol as a chat template, for tokenizers: `env/chat_template.jinja` (ChatML turns, this module's
+`<tool_call>` blocks, a tool list header), read by `load_chat_template`. It is plain text, so the SFT data
+builder (data/) checks its rows with it and the model side (nanocomposer.model) installs it on tokenizers,
+neither importing the other.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _TAG = re.compile(r"</?tool_call>")
@@ -36,6 +42,7 @@ MAX_DEPTH = 32  # tool arguments are flat; anything this deep is garbage, and de
 MAX_CALLS_PER_TURN = 64  # blocks past this become one malformed call (a turn of 10,000 blocks is an attack)
 MAX_INT = 2**63 - 1  # larger integers are never meaningful tool arguments
 _PREVIEW_CHARS = 60
+CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 
 _JSON_TYPES = {
     "string": (str,),
@@ -167,6 +174,11 @@ def format_assistant_turn(content: str | None, calls: list[tuple[str, dict]] | l
     if content and body:
         return f"{content}\n{body}"
     return content or body
+
+
+def load_chat_template() -> str:
+    """The project's chat template (`env/chat_template.jinja`; its header is the spec of what it renders)."""
+    return CHAT_TEMPLATE_PATH.read_text(encoding="utf-8")
 
 
 def _type_error(value, spec: dict) -> str | None:

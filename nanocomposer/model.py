@@ -70,9 +70,8 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from env.protocol import load_chat_template
 from nanocomposer.smeared_llama import SmearedKeyLlamaConfig, SmearedKeyLlamaForCausalLM
-
-CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -219,11 +218,6 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int,
         model_max_length=DEFAULT_SIZES["context"],
     )
     return apply_chat_template_to(tokenizer)
-
-
-def load_chat_template() -> str:
-    """The Jinja chat template shipped next to this module (see its header for the format)."""
-    return CHAT_TEMPLATE_PATH.read_text(encoding="utf-8")
 
 
 def apply_chat_template_to(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
@@ -379,7 +373,7 @@ characters ({card["tokenizer_seconds"]} s). Special: `<|endoftext|>` (document s
 
 ## Chat template
 
-ChatML turns with Hermes tool calls (`nanocomposer/chat_template.jinja`, spec in
+ChatML turns with Hermes tool calls (`env/chat_template.jinja`, spec in
 `docs/architecture.md`); assistant bodies are wrapped in `{{% generation %}}` for assistant-only loss;
 `response_template` is set for `tokenizer.parse_response`.
 

@@ -385,10 +385,11 @@ def stop_token_ids(tokenizer, configured_eos: list[int] = ()) -> list[int]:
 
 
 def ensure_tool_template(tokenizer, where: str):
-    """`tokenizer`, with the project's chat template (nanocomposer/chat_template.jinja) when its own ignores
+    """`tokenizer`, with the project's chat template (env/chat_template.jinja) when its own ignores
     `tools` (nanocomposer.model.template_renders_tools; one printed line): the harness must show the model
     its tool list. A tokenizer without ChatML's tokens cannot use that template: ModelLoadError, one line."""
-    from nanocomposer.model import IM_START, load_chat_template, template_renders_tools
+    from env.protocol import load_chat_template
+    from nanocomposer.model import IM_START, template_renders_tools
 
     if template_renders_tools(tokenizer):
         return tokenizer
@@ -396,7 +397,7 @@ def ensure_tool_template(tokenizer, where: str):
     if IM_START not in vocab or END_OF_TURN not in vocab:
         raise ModelLoadError(f"{where}: its chat template does not show the model the tool list, and its tokenizer "
                              f"has no {IM_START}/{END_OF_TURN} for the project's template to fall back on")
-    print(f"[policy] {where}: its chat template ignores `tools`; using the project's (nanocomposer/chat_template.jinja)",
+    print(f"[policy] {where}: its chat template ignores `tools`; using the project's (env/chat_template.jinja)",
           flush=True)
     tokenizer.chat_template = load_chat_template()
     return tokenizer

@@ -18,6 +18,8 @@ from env.task_sets import SAMPLES_DIR
 from env.tasks import load_task_set
 from env.users import Population, Simulation, interleaved_by_family
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 TASK = SAMPLES_DIR / "fix_bug_leap_century"
 

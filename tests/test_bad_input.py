@@ -217,6 +217,7 @@ def test_the_good_flags_train(stage_runs, stage):
     assert f"r/{stage}/model.safetensors" in after
 
 
+@pytest.mark.slow  # `make test-fast` leaves it out
 def test_plain_subprocess_matches_the_forked_run(inputs, tmp_path):
     """The real command line, without the driver: the same one line (nothing printed at import) and status 2."""
     done = subprocess.run([PYTHON, "train_rl.py", *good_flags("rl", inputs), "--runs_dir", str(tmp_path),

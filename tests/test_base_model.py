@@ -15,6 +15,8 @@ import pytest
 from nanocomposer import base_model
 from nanocomposer.base_model import BaseModelError, check_gguf, convert, find_gguf
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

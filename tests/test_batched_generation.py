@@ -324,6 +324,7 @@ def _gpu_check(tmp_path, *args) -> subprocess.CompletedProcess:
                           text=True, timeout=600, check=False)
 
 
+@pytest.mark.slow  # `make test-fast` leaves it out
 def test_gpu_check_dry_run_runs_the_transformers_half_on_cpu(tmp_path):
     checkpoint = save_micro_checkpoint(tmp_path / "micro")
     done = _gpu_check(tmp_path, "--dry-run", str(checkpoint))

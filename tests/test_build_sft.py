@@ -7,7 +7,7 @@ import datasets
 import pytest
 from conftest import make_calc_task
 
-from data.build_sft import ExportError, bad_examples, build, sft_messages
+from data.build_sft import ExportError, bad_examples, build, sft_messages, sft_row
 from env.episode import run_episode
 from env.policies import OraclePolicy
 from env.protocol import parse_turn
@@ -86,6 +86,34 @@ def test_sft_rows_render_exactly_what_the_harness_showed_the_model(calc_task):
     as_trained = tok.apply_chat_template(sft_messages(traj.to_record()), tools=traj.tools, tokenize=False)
     as_seen = tok.apply_chat_template(harness_view, tools=traj.tools, tokenize=False)
     assert as_trained == as_seen
+
+
+def test_load_tokenizer_reads_a_project_checkpoint_as_if_its_model_type_were_registered(calc_task, tmp_path):
+    """data/ may not import nanocomposer (tests/test_layers.py), so --tokenizer / --verify-template on a smeared-key
+    checkpoint load its tokenizer unregistered: same class, chat template and token ids as AutoTokenizer with the
+    type registered, no transformers warning, and nanocomposer never imported."""
+    import subprocess
+    import sys
+
+    from conftest import save_micro_checkpoint
+    from transformers import AutoTokenizer
+
+    import nanocomposer.smeared_llama  # noqa: F401  (the registered reference)
+
+    ckpt = save_micro_checkpoint(tmp_path / "ckpt")
+    row = sft_row({**run_episode(calc_task, OraclePolicy(seed=1)).to_record(), "seed": 1}, {})
+    (tmp_path / "row.json").write_text(json.dumps(row))
+    code = ("import json, sys; from data.build_sft import load_tokenizer; row = json.load(open(sys.argv[2])); "
+            "tok = load_tokenizer(sys.argv[1]); print(json.dumps([type(tok).__name__, tok.chat_template, "
+            "tok.apply_chat_template(row['messages'], tools=json.loads(row['tools']), tokenize=True, "
+            "return_dict=False), sorted(m for m in sys.modules if m.startswith('nanocomposer'))]))")
+    out = subprocess.run([sys.executable, "-c", code, str(ckpt), str(tmp_path / "row.json")], capture_output=True,
+                         text=True, timeout=300, check=True, cwd=Path(__file__).resolve().parents[1])
+    ref = AutoTokenizer.from_pretrained(ckpt)
+    expected = [type(ref).__name__, ref.chat_template, ref.apply_chat_template(
+        row["messages"], tools=json.loads(row["tools"]), tokenize=True, return_dict=False), []]
+    assert json.loads(out.stdout) == expected
+    assert "model of type" not in out.stderr, out.stderr
 
 
 def test_rows_from_turn_records_equal_the_harness_messages(calc_task):

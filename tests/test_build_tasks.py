@@ -223,6 +223,7 @@ class _CycleWithFinalizer:
         sum(range(50))
 
 
+@pytest.mark.slow  # `make test-fast` leaves it out
 def test_parsing_from_the_builders_threads_never_trips_the_ast_state_race():
     # build_tasks runs families on threads while other threads make subprocess/tempfile garbage; on
     # CPython 3.11 a bare ast.parse here fails within a second (SystemError: AST constructor recursion

@@ -16,6 +16,8 @@ import pytest
 from bench.device import PEAK_BF16_TFLOPS, cpt_metrics, model_card, table_rows
 from nanocomposer.run_record import write_model_card
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGE_STEPS = ("gpu_tests", "data", "cpt", "sft", "rl", "eval")  # + wheels and imports on the GPU machine
 POLICIES = ("base", "cpt", "sft", "rl")

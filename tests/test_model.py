@@ -115,6 +115,7 @@ def name_tokens(tokenizer, text: str, name: str) -> list[int]:
             if a < start + len(name) and b > start]
 
 
+@pytest.mark.slow  # `make test-fast` leaves it out
 def test_bare_words_give_a_name_the_same_tokens_wherever_it_occurs(built):
     # Copying a name from the context needs its first token to be the one it had there: the GPT-4 split glues
     # the character before a word to it, so ` dounaim` (prose) and `"dounaim` (a JSON argument) start differently.
@@ -128,6 +129,7 @@ def test_bare_words_give_a_name_the_same_tokens_wherever_it_occurs(built):
             assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
+@pytest.mark.slow  # `make test-fast` leaves it out
 def test_bench_tokenizer_counts_answers_written_with_the_tokens_the_instruction_shows(built, tmp_path):
     from bench.tokenizer import answer_agreement
     from env.tasks import Task

@@ -19,6 +19,8 @@ from env.runner import run_tasks
 from nanocomposer.openai_policy import OpenAIPolicy, label, parse_spec
 from nanocomposer.policies import build_policy, is_remote, policy_label, run_policy
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 FIX = {"path": "calc/ops.py", "old_str": "return a - b", "new_str": "return a + b"}
 FAST = "retries=2&backoff_s=0.01&timeout_s=5"

@@ -12,6 +12,8 @@ from env.episode import run_episode
 from env.policies import OraclePolicy
 from env.tasks import grade, load_task_set
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -25,6 +25,8 @@ from nanocomposer.realtime.live import proportion_difference, rollback_decision
 from nanocomposer.realtime.loop import CandidateError, Loop
 from nanocomposer.realtime.update import make_groups, session_samples
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 USERS = "seed: 0\nconcurrency: 2\npatience_s: [60, 60]\npoll_s: 2\nanswer_delay_s: [0, 0]\nrevert_delay_s: [0, 0]\n" \
         "keep_noise_p: 0.0\n"

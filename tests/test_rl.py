@@ -44,7 +44,8 @@ from tests.conftest import ROOT, harness_leftovers, make_calc_task
 STDLIB_FILES = ("json/encoder.py", "json/decoder.py", "textwrap.py", "shlex.py")
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # a 140 k-parameter model gains nothing from threads
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),  # a 140 k-parameter model gains nothing from threads
+              pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

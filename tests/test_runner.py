@@ -24,6 +24,8 @@ from env.runner import ProcessFailed, TaskRef, default_seed_policy, run_tasks
 from env.task_sets import resolve_task_set
 from env.tasks import Task
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 TIMING = {"wall_s", "gen_s", "env_s", "grade_s", "command_s"}
 
 

@@ -35,8 +35,9 @@ ROOT = os.geteuid() == 0
 HAS_CGROUP = pids_cgroup_parent() is not None
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(backend_unavailable_reason("bwrap") is not None,
-                                reason=f"bwrap unavailable: {backend_unavailable_reason('bwrap')}")
+pytestmark = [pytest.mark.skipif(backend_unavailable_reason("bwrap") is not None,
+                                 reason=f"bwrap unavailable: {backend_unavailable_reason('bwrap')}"),
+              pytest.mark.slow]
 
 
 @pytest.fixture

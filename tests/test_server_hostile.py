@@ -35,6 +35,8 @@ from nanocomposer.agent.manager import ServerConfig, SessionManager
 from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import SessionStore
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 TASK = SAMPLES_DIR / "fix_bug_leap_century"
 TOKEN, ADMIN = "client-token", "admin-token"

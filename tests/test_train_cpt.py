@@ -16,6 +16,8 @@ from nanocomposer.model_io import load_model, load_tokenizer
 from nanocomposer.packing import document_separator_id, pack_documents
 from tests.conftest import assert_merged_lora_checkpoint
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 STDLIB_FILES = ["abc.py", "bisect.py", "colorsys.py", "copy.py", "fnmatch.py", "glob.py", "heapq.py",
                 "keyword.py", "opcode.py", "shlex.py", "string.py", "textwrap.py", "this.py", "token.py"]

@@ -16,6 +16,8 @@ from nanocomposer.model import build_base
 from nanocomposer.model_io import load_model, load_tokenizer
 from tests.conftest import assert_merged_lora_checkpoint
 
+pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
+
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TOOLS = [
     {"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
