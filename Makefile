@@ -43,7 +43,7 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory test-sandbox-user
 
 # The inner loop: the suite without the tests marked `slow` (stages, servers, built models; tests/README.md).
-# Measured 3 min 12 s and 4 min 41 s wall with the 2 cores shared (load 4-5.5); ~1.5-2 min unloaded (estimate).
+# Measured 2 min 01 s wall on the 2-core machine, unloaded (3-5 min with other jobs on it).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

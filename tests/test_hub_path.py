@@ -15,10 +15,10 @@ import torch
 from data.build_sft import check_rows_render, sft_row
 from env.episode import EpisodeConfig, run_episode
 from env.policies import GoldPolicy, OraclePolicy
-from env.protocol import parse_turn
+from env.protocol import load_chat_template, parse_turn
 from env.tools import CodeTools, tool_schemas
 from nanocomposer.hub_standin import build_standin, qwen_tokenizer_dir
-from nanocomposer.model import load_chat_template, template_renders_tools
+from nanocomposer.model import template_renders_tools
 from nanocomposer.policy import (
     MESSAGE_KEYS,
     ModelPolicy,
