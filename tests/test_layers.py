@@ -50,30 +50,27 @@ def imports(path: Path, module_level_only: bool = False) -> set[str]:
     return names
 
 
-def env_modules() -> list[Path]:
-    return sorted((ROOT / "env").rglob("*.py"))
+# Each layer and what it must not import: env/ (the harness) no model code and no data builders; data/ (below
+# nanocomposer/ and the stages) no model code and no stage script.
+LAYER_RULES = {
+    "env": (FORBIDDEN_IN_ENV, KNOWN_ENV, "the harness imports no model code"),
+    "data": (FORBIDDEN_IN_DATA, KNOWN_DATA, "data/ sits below nanocomposer/ and the stages"),
+}
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_ENV[str(p.relative_to(ROOT))]))
-    if str(p.relative_to(ROOT)) in KNOWN_ENV else p
-    for p in env_modules()], ids=lambda p: str(p.relative_to(ROOT)))
-def test_env_imports_no_training_stack(path):
-    bad = sorted(n for n in imports(path) if n.split(".")[0] in FORBIDDEN_IN_ENV)
-    assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+def layer_cases():
+    for layer, (_, known, _) in LAYER_RULES.items():
+        for p in sorted((ROOT / layer).rglob("*.py")):
+            rel = str(p.relative_to(ROOT))
+            marks = [pytest.mark.xfail(strict=True, reason=known[rel])] if rel in known else []
+            yield pytest.param(layer, p, marks=marks, id=rel)
 
 
-def data_modules() -> list[Path]:
-    return sorted((ROOT / "data").rglob("*.py"))
-
-
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DATA[str(p.relative_to(ROOT))]))
-    if str(p.relative_to(ROOT)) in KNOWN_DATA else p
-    for p in data_modules()], ids=lambda p: str(p.relative_to(ROOT)))
-def test_data_imports_no_model_code_nor_a_stage(path):
-    bad = sorted(n for n in imports(path) if n.split(".")[0] in FORBIDDEN_IN_DATA)
-    assert not bad, f"{path.relative_to(ROOT)} imports {bad}: data/ sits below nanocomposer/ and the stages"
+@pytest.mark.parametrize("layer, path", layer_cases())
+def test_layer_imports_nothing_above_it(layer, path):
+    forbidden, _, why = LAYER_RULES[layer]
+    bad = sorted(n for n in imports(path) if n.split(".")[0] in forbidden)
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}: {why}"
 
 
 def all_modules() -> list[Path]:
