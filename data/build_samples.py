@@ -84,6 +84,8 @@ def build_sample(task_dir: Path, *, force: bool = False) -> bool:
         raise SampleBuildError(f"{task_dir}: no {START_PATCH} (the change that makes {project.name} this task)")
     digest = inputs_digest(task_dir, project)
     stamp, repo = task_dir / STAMP, task_dir / "repo"
+    for leftover in task_dir.glob(".repo-*"):  # a build killed before its temporary folder was removed
+        shutil.rmtree(leftover, ignore_errors=True)
     if not force and repo.is_dir() and stamp.is_file() and stamp.read_text().strip() == digest:
         return False
     with tempfile.TemporaryDirectory(dir=task_dir, prefix=".repo-") as tmp:

@@ -95,3 +95,11 @@ def test_write_patch_round_trips(samples):
     shutil.rmtree(samples / SAMPLE / "repo")
     (samples / SAMPLE / STAMP).unlink()
     assert build_samples(samples) == [SAMPLE] and leap.read_text().endswith("# a note\n")
+
+
+def test_a_build_killed_midway_is_swept_and_redone(samples):
+    """kill -9 between the copy and the rename leaves a temporary folder and maybe no repo/: the next call
+    removes the leftover and builds again."""
+    (samples / SAMPLE / ".repo-killed" / "repo").mkdir(parents=True)
+    assert build_samples(samples) == [SAMPLE]
+    assert not list((samples / SAMPLE).glob(".repo-*")) and (samples / SAMPLE / "repo" / "leapyear.py").is_file()
