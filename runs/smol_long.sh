@@ -7,7 +7,8 @@
 #   RUN=sl1 SKIP_DATA=1 bash runs/smol_long.sh    # reuse artifacts/smol_ladder and the code mix
 # Env: SFT_STEPS (default 120, ~28 min), RL_STEPS (default 8, ~16 min), EVAL_LIMIT (held-out ladder tasks
 # per model, spread over the rungs; default 300, ~48 min a model), EDGE_TASKS (train tasks screened before
-# RL; default 48), EVAL_WORKERS (episodes at once in eval; default 16, the recipe's).
+# RL; default 48), EVAL_WORKERS (episodes at once in eval; default 16, the recipe's), HUMANEVAL_LIMIT (HumanEval
+# problems for base, SFT and RL through the harness; default all 164; 0 skips the stage).
 # The SFT model is evaluated right after SFT, so its figure is on disk before RL starts; the last stage compares
 # SFT and RL with --resume, which reuses those episodes and plays only RL's.
 set -euo pipefail
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUN=${RUN:-smol-long-$(date +%Y%m%d-%H%M%S)}
 SFT_STEPS=${SFT_STEPS:-120} RL_STEPS=${RL_STEPS:-8} EVAL_LIMIT=${EVAL_LIMIT:-300} EDGE_TASKS=${EDGE_TASKS:-48}
-EVAL_WORKERS=${EVAL_WORKERS:-16}
+EVAL_WORKERS=${EVAL_WORKERS:-16} HUMANEVAL_LIMIT=${HUMANEVAL_LIMIT:-164}
 LADDER=artifacts/smol_ladder
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false NANOCOMPOSER_PROGRESS=${NANOCOMPOSER_PROGRESS:-1}
 source runs/stages.sh
@@ -63,5 +64,13 @@ $PY train_rl.py --config recipes/smol/rl.yaml --run "$RUN" --model_name_or_path 
 stage eval "4. eval: SFT vs RL on $EVAL_LIMIT held-out ladder tasks (test split; SFT's episodes reused)"
 $PY eval.py --config recipes/smol/eval.yaml --tasks "$LADDER/tasks/test" --compare "runs/$RUN/sft" "runs/$RUN/rl" \
   --limit "$EVAL_LIMIT" --workers "$EVAL_WORKERS" --out-dir "runs/$RUN/eval" --run "$RUN" --wandb --resume
-stages_done; echo "report: runs/$RUN/eval/compare.md"
 cat "runs/$RUN/eval/compare.md"
+
+if [ "$HUMANEVAL_LIMIT" != 0 ]; then
+  stage humaneval "5. HumanEval through the harness ($HUMANEVAL_LIMIT of 164 problems): base vs SFT vs RL"
+  $PY eval.py --config recipes/smol/eval.yaml --tasks "humaneval:$HUMANEVAL_LIMIT" \
+    --compare artifacts/base "runs/$RUN/sft" "runs/$RUN/rl" --workers "$EVAL_WORKERS" \
+    --out-dir "runs/$RUN/humaneval" --run "$RUN" --resume
+  cat "runs/$RUN/humaneval/compare.md"
+fi
+stages_done; echo "reports: runs/$RUN/eval/compare.md, runs/$RUN/humaneval/compare.md"
