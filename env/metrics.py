@@ -20,6 +20,11 @@ Definitions (documented once, here):
 - parallel-read rate: share of turns with at least one call that issued two or more *distinct read-only*
   calls together (`independent_reads` >= 2): what the RL `parallel` reward pays for, reported beside it.
 - ask_user rate: share of episodes that called `ask_user` at least once.
+- turns per solved task: mean turns of the solved episodes (None when none solved): the recipe claims RL
+  finishes in fewer turns, which the mean over all episodes hides when the solve rate moves too.
+- tested before submit: among episodes with a valid `submit`, the share that ran the tests before it
+  (earlier in the same turn counts): a valid `run_tests` call, or a `run` whose command names pytest or
+  unittest (`runs_tests`; the RL monitor `behaviour/submit_without_test_rate` is its complement).
 - tool budget: `calls_per_tool` counts valid calls by tool; `turn_share` splits each turn *fractionally*
   across the categories of its valid calls (search+grep+read in one turn: 2/3 search, 1/3 read), so shares
   add up to 1 over turns; a turn with no valid call is `invalid`.
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -48,6 +54,7 @@ TOOL_CATEGORIES = {
 }
 CATEGORIES = ("search", "read", "edit", "test", "ask", "submit", "other", "invalid")
 READ_ONLY_TOOLS = {"read_file", "grep", "search", "lint"}  # safe to issue together; `run` may write
+TEST_COMMAND = re.compile(r"\bpytest\b|\bunittest\b")
 
 
 # --------------------------------------------------------------------------- statistics
@@ -134,6 +141,25 @@ def independent_reads(calls: list[dict]) -> int:
                 if not c["malformed"] and c["name"] in READ_ONLY_TOOLS})
 
 
+def runs_tests(call: dict) -> bool:
+    """A valid call that runs the tests: `run_tests`, or `run` with a pytest/unittest command."""
+    if call["malformed"]:
+        return False
+    command = str((call.get("arguments") or {}).get("command", ""))
+    return call["name"] == "run_tests" or (call["name"] == "run" and bool(TEST_COMMAND.search(command)))
+
+
+def ran_tests_before_submit(turn_calls: list[list[dict]]) -> bool | None:
+    """Whether the tests ran before the episode's first valid `submit`; None without a submit."""
+    tested = False
+    for calls in turn_calls:
+        for c in calls:
+            if c["name"] == "submit" and not c["malformed"]:
+                return tested
+            tested = tested or runs_tests(c)
+    return None
+
+
 def turn_is_valid(calls: list[dict]) -> bool:
     """A turn is valid when it makes at least one call and none is malformed (see module docstring)."""
     return bool(calls) and not any(c["malformed"] for c in calls)
@@ -208,6 +234,8 @@ def summarize(episodes: Iterable, wall_s: float | None = None) -> dict:
     for calls_of_turn in turns:
         shares.update(turn_categories(calls_of_turn))
     tokens = [e["completion_tokens"] for e in eps]
+    solved_turns = [len(e["turn_calls"]) for e in eps if e["solved"]]
+    submits = [t for t in (ran_tests_before_submit(e["turn_calls"]) for e in eps) if t is not None]
     episode_walls = sorted(e["wall_s"] for e in eps)
     return {
         "n": n,
@@ -217,6 +245,7 @@ def summarize(episodes: Iterable, wall_s: float | None = None) -> dict:
         "solve_rate_ci95": [round(lo, 4), round(hi, 4)],
         **pass_k,
         "mean_turns": len(turns) / n if n else 0.0,
+        "mean_turns_solved": sum(solved_turns) / len(solved_turns) if solved_turns else None,
         "tool_calls": calls,
         "tool_call_validity": tool_call_validity(turns),
         "parallel_call_rate": sum(is_parallel_turn(t) for t in calling_turns) / len(calling_turns)
@@ -225,6 +254,7 @@ def summarize(episodes: Iterable, wall_s: float | None = None) -> dict:
         if calling_turns else 0.0,
         "malformed_calls": malformed,
         "malformed_rate": malformed / calls if calls else 0.0,
+        "tested_before_submit_rate": sum(submits) / len(submits) if submits else None,
         "ask_user_rate": sum(any(c["name"] == "ask_user" and not c["malformed"] for t in e["turn_calls"] for c in t)
                              for e in eps) / n if n else 0.0,
         # Scripted policies have no token counts: the mean is None rather than a made-up 0.

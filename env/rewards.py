@@ -30,10 +30,9 @@ import functools
 import re
 from collections.abc import Callable
 
-from env.metrics import independent_reads, is_parallel_turn
+from env.metrics import independent_reads, is_parallel_turn, runs_tests
 
 TEST_FILE = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$|conftest\.py$)")
-TEST_COMMAND = re.compile(r"\bpytest\b|\bunittest\b")
 TOKEN_LIMIT_EXITS = {"max_tokens", "max_context"}  # the episode was cut by a token limit, not ended by the model
 MALFORMED_CAP = 5  # one turn can hold many broken blocks; the cost of one episode stays bounded
 MALFORMED_HANDLING = ("penalize", "drop")
@@ -62,8 +61,7 @@ def episode_facts(episode, *, max_turns: int, token_budget: int, max_wall_s: flo
     valid = [c for turn in turns for c in turn["calls"] if not c["malformed"]]
     calling_turns = [turn["calls"] for turn in turns if turn["calls"]]
     edits = [c for c in valid if c["name"] == "edit_file"]
-    runs_tests = [i for i, c in enumerate(valid) if c["name"] == "run_tests"
-                  or (c["name"] == "run" and TEST_COMMAND.search(str(c["arguments"].get("command", ""))))]
+    test_runs = [i for i, c in enumerate(valid) if runs_tests(c)]
     submits = [i for i, c in enumerate(valid) if c["name"] == "submit"]
     return {
         "task_id": record["id"],
@@ -86,9 +84,9 @@ def episode_facts(episode, *, max_turns: int, token_budget: int, max_wall_s: flo
         "ask_user_calls": sum(c["name"] == "ask_user" for c in valid),
         "test_files_touched": len({c["arguments"].get("path") for c in edits
                                    if TEST_FILE.search(str(c["arguments"].get("path", "")))}),
-        "ran_tests": bool(runs_tests),
+        "ran_tests": bool(test_runs),
         "submitted": bool(submits),
-        "submit_without_test_run": bool(submits) and not any(i < submits[0] for i in runs_tests),
+        "submit_without_test_run": bool(submits) and not any(i < submits[0] for i in test_runs),
         "truncated": any(turn["truncated"] for turn in turns) or record["exit_status"] in TOKEN_LIMIT_EXITS,
         "lint_new_errors": lint_new_errors,
         "dropped": False,  # set by the rollout under malformed_handling="drop"

@@ -89,6 +89,7 @@ def build_comparison(results: dict[str, dict], resamples: int = BOOTSTRAP_RESAMP
         return s if scope == "all" else s["task_sets"][scope]
 
     keep = ("n", "n_tasks", "solved", "solve_rate", "solve_rate_ci95", "tool_call_validity", "mean_turns",
+            "mean_turns_solved", "tested_before_submit_rate",
             "mean_completion_tokens", "parallel_call_rate", "parallel_read_rate", "ask_user_rate", "malformed_calls",
             "exit_statuses", "tool_mix", "turn_share", "episode_wall_s", "wall_s", "kind", "label")
     return {
@@ -130,6 +131,8 @@ def comparison_markdown(comparison: dict) -> str:
                      + " | ".join(cells) + " |")
     rows = [("tool-call validity", lambda m: _pct(m["tool_call_validity"])),
             ("mean turns", lambda m: _num(m["mean_turns"])),
+            ("mean turns, solved episodes", lambda m: _num(m.get("mean_turns_solved"))),
+            ("tests run before submit", lambda m: _pct(m.get("tested_before_submit_rate"))),
             ("mean completion tokens", lambda m: _num(m["mean_completion_tokens"], 0)),
             ("parallel-call rate", lambda m: _pct(m["parallel_call_rate"])),
             ("parallel-read rate", lambda m: _pct(m.get("parallel_read_rate"))),

@@ -12,6 +12,7 @@ from env.metrics import (
     paired_normal_interval,
     pass_at_k,
     pass_at_k_by_task,
+    ran_tests_before_submit,
     summarize,
     tool_call_validity,
     turn_categories,
@@ -20,8 +21,8 @@ from env.metrics import (
 from env.policies import get_policy
 
 
-def call(name, malformed=False):
-    return {"name": name, "malformed": malformed}
+def call(name, malformed=False, **arguments):
+    return {"name": name, "malformed": malformed, "arguments": arguments}
 
 
 def record(task_id, solved, turn_calls, tokens=None, wall_s=1.0, exit_status="submitted"):
@@ -126,6 +127,37 @@ def test_summarize_records():
     assert s["turn_share"]["invalid"] == pytest.approx(2 / 6, abs=1e-4)
     assert s["episode_wall_s"] == {"mean": 2.0, "p50": 3.0, "max": 3.0} and s["wall_s"] == 2.5
     assert summarize([record("a", True, [[call("submit")]])])["mean_completion_tokens"] is None
+    assert s["mean_turns_solved"] == 3.0  # only "a" solved, in 3 turns
+    assert s["tested_before_submit_rate"] == 0.0  # "a" submitted untested; "b" never submitted
+
+
+@pytest.mark.parametrize("turn_calls, expected", [
+    ([[call("run_tests")], [call("submit")]], True),
+    ([[call("run_tests"), call("submit")]], True),              # earlier in the same turn counts
+    ([[call("submit"), call("run_tests")]], False),             # after the submit does not
+    ([[call("run_tests", malformed=True)], [call("submit")]], False),
+    ([[call("run", command="pytest -q")], [call("submit")]], True),
+    ([[call("run", command="python -m unittest")], [call("submit")]], True),
+    ([[call("run", command="ls")], [call("lint")], [call("submit")]], False),
+    ([[call("submit", malformed=True)], [call("run_tests")]], None),  # no valid submit: not counted
+    ([], None),
+])
+def test_ran_tests_before_submit(turn_calls, expected):
+    assert ran_tests_before_submit(turn_calls) is expected
+
+
+def test_behaviour_figures_over_solved_and_submitted_episodes():
+    episodes = [
+        record("a", True, [[call("run_tests")], [call("edit_file")], [call("submit")]]),
+        record("b", True, [[call("submit")]]),
+        record("c", False, [[call("run_tests"), call("submit")]]),
+        record("d", False, [[call("read_file")]], exit_status="max_turns"),
+    ]
+    s = summarize(episodes)
+    assert s["mean_turns_solved"] == 2.0                         # (3 + 1) / 2
+    assert s["tested_before_submit_rate"] == pytest.approx(2 / 3)  # a and c of the three that submitted
+    nothing = summarize([record("d", False, [[call("read_file")]], exit_status="max_turns")])
+    assert nothing["mean_turns_solved"] is None and nothing["tested_before_submit_rate"] is None
 
 
 def test_pass_at_k_with_samples_and_the_interval_is_per_task():
