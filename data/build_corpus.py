@@ -246,16 +246,22 @@ def _distribution_filter(dist: Distribution) -> tuple[str, str | None, str]:
     return name, None, verdict.license
 
 
+def _permissive_distributions(root: Path, skipped: dict[str, str]):
+    """(distribution, name, license) of each permissive distribution in ``root``; the others go to ``skipped``."""
+    for dist in _distributions(root):
+        name, reason, license_label = _distribution_filter(dist)
+        if reason:
+            skipped[name] = reason
+        else:
+            yield dist, name, license_label
+
+
 def discover_site_packages(root: Path | None = None) -> SourceListing:
     """``.py`` files of permissively licensed distributions installed in ``root``."""
     root = Path(root or default_site_packages_dir())
     resolved_root = root.resolve()
     candidates, skipped = [], {}
-    for dist in _distributions(root):
-        name, reason, license_label = _distribution_filter(dist)
-        if reason:
-            skipped[name] = reason
-            continue
+    for dist, name, license_label in _permissive_distributions(root, skipped):
         for record in sorted(str(f) for f in dist.files or []):
             if not record.endswith(".py") or "__pycache__" in record:
                 continue
@@ -284,11 +290,7 @@ def discover_readmes(root: Path | None = None) -> SourceListing:
     """Long descriptions (usually the README) from METADATA of permissive distributions."""
     root = Path(root or default_site_packages_dir())
     candidates, skipped = [], {}
-    for dist in _distributions(root):
-        name, reason, license_label = _distribution_filter(dist)
-        if reason:
-            skipped[name] = reason
-            continue
+    for dist, name, license_label in _permissive_distributions(root, skipped):
         text = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
         if text.strip():
             candidates.append(Candidate("readmes", f"readmes/{name}/METADATA", license_label, "docs", text=text))
