@@ -24,7 +24,7 @@ import re
 import shlex
 from pathlib import Path
 
-from env import patches
+from env import patch_apply, patch_paths
 from env.episode import Generation
 from env.protocol import format_assistant_turn
 from env.tasks import Task, TaskError, check_gold_patch
@@ -71,7 +71,7 @@ def patch_edits(task: Task) -> list[dict]:
 
     The patch is read by env/patches.py, the parser task validation used, and worked out against repo/ in
     memory: which files it touches comes from that parse alone (a hunk line that looks like a header is a hunk
-    line), and every file is read through `resolve_inside` at this moment, so a symlink planted in repo/ after
+    line), and every file is read through `resolve_inside` (env/patch_paths.py) at this moment, so a symlink planted in repo/ after
     loading cannot make a host file's text an argument either."""
     patch = task.gold_patch
     if not patch:
@@ -79,8 +79,8 @@ def patch_edits(task: Task) -> list[dict]:
     where = f"task {task.id!r}"
     parsed = check_gold_patch(patch, task.repo_dir, where)
     try:
-        changes = patches.plan_patch(task.repo_dir, parsed)
-    except patches.PatchError as e:
+        changes = patch_apply.plan_patch(task.repo_dir, parsed)
+    except patch_paths.PatchError as e:
         raise TaskError(f"{where}: gold.patch does not apply to repo/: {e}") from None
     calls = []
     for change in changes:
@@ -101,7 +101,7 @@ def patch_edits(task: Task) -> list[dict]:
     return calls
 
 
-def _gold_text(entry: patches.Entry, where: str, rel: str) -> str:
+def _gold_text(entry: patch_apply.Entry, where: str, rel: str) -> str:
     """A file's text before or after the gold patch, as edit_file sees it (UTF-8, universal newlines)."""
     if entry.kind != "file":
         raise TaskError(f"{where}: gold.patch makes {rel!r} a {entry.kind}; edit_file calls cannot")
@@ -115,8 +115,8 @@ def _gold_text(entry: patches.Entry, where: str, rel: str) -> str:
 def _repo_text(task: Task, rel: str) -> str:
     """A file of the task's repo/, read through `resolve_inside` now (never a symlink out of it)."""
     try:
-        return patches.read_text_inside(task.repo_dir, rel)
-    except patches.PatchError as e:
+        return patch_paths.read_text_inside(task.repo_dir, rel)
+    except patch_paths.PatchError as e:
         raise TaskError(f"task {task.id!r}: repo/ {e}") from None
 
 
@@ -563,8 +563,8 @@ def _answer_target(task: Task) -> tuple[str | None, str | None]:
     lines = None
     if symbol is None and match and match.group(2):
         try:  # the answer names the file: read through resolve_inside (an answer of '../../x.py' reads nothing)
-            lines = patches.read_text_inside(task.repo_dir, path).splitlines()
-        except patches.PatchError:
+            lines = patch_paths.read_text_inside(task.repo_dir, path).splitlines()
+        except patch_paths.PatchError:
             lines = None
     if lines is not None:
         line = int(match.group(2))

@@ -9,8 +9,9 @@ import pytest
 from data.build_tasks import build, parse_args
 from data.grounding import grounding_report, trajectory_report
 from env.episode import run_episode
+from env.grading import grade
 from env.policies import OraclePolicy
-from env.tasks import grade, load_task_set
+from env.tasks import load_task_set
 
 pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
 
