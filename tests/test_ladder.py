@@ -20,9 +20,9 @@ from data.families import (
     ladder_operator,
 )
 from data.grounding import trajectory_report
+from data.oracle import OraclePolicy
 from env.episode import run_episode
 from env.grading import grade
-from env.policies import OraclePolicy
 from env.tasks import apply_patch, load_task_set
 
 RUNGS = {m.FAMILY: m for m in (ladder_copy, ladder_locate, ladder_edit, ladder_ask, ladder_constant, ladder_operator)}

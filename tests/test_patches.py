@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import SENTINEL, host_state
 
+from data.oracle import OraclePolicy
 from env.patch_apply import apply_patch, make_patch
 from env.patch_paths import PatchError
 from env.patches import parse_patch
-from env.policies import GoldPolicy, OraclePolicy, patch_edits
+from env.policies import GoldPolicy, patch_edits
 from env.tasks import TaskError, load_task, write_task
 
 REPO = {"calc/ops.py": "def add(a, b):\n    return a - b\n", "tests/test_ops.py": "from calc.ops import add\n"}
