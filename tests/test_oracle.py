@@ -64,3 +64,15 @@ def test_oracle_solves_with_variety(calc_task, seed):
     assert traj.solved and traj.exit_status == "submitted" and traj.malformed_calls == 0
     names = [c["name"] for t in traj.turns for c in t["calls"]]
     assert names[0] in ("run_tests", "lint") and names[-1] == "submit" and "edit_file" in names
+
+
+def test_the_oracle_is_found_by_name_through_the_one_factory():
+    """env/ may not import data/: the harness's registry has no oracle, and says where it is; the stages'
+    factory (nanocomposer/policies.py) has it by name."""
+    from env.policies import get_policy
+    from nanocomposer.policies import SCRIPTED, build_policy, is_scripted
+
+    assert SCRIPTED["oracle"] is OraclePolicy and is_scripted("oracle")
+    assert isinstance(build_policy("oracle"), OraclePolicy)
+    with pytest.raises(ValueError, match=r"unknown policy 'oracle'.*data\.oracle\.OraclePolicy"):
+        get_policy("oracle")
