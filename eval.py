@@ -1,4 +1,4 @@
-"""Harness-native benchmark: run policies on task sets, each episode in a fresh sandbox, graded by env.tasks.grade.
+"""Harness-native benchmark: run policies on task sets, each episode in a fresh sandbox, graded by env.grading.grade.
 
     python eval.py --tasks samples --policy gold --output results.json
     python eval.py --tasks factory:test humaneval --policy runs/demo/sft --output sft.json --workers 8

@@ -93,8 +93,8 @@ def converted_checkpoint(path: Path, dtype: str, dest: Path) -> Path:
 
 def harness_conversations(tasks: str, limit: int) -> list[tuple[list[dict], list[dict]]]:
     """(messages so far, tool schemas) before every assistant turn of oracle episodes on `tasks`."""
+    from data.oracle import OraclePolicy
     from env.episode import EpisodeConfig, run_episode
-    from env.policies import OraclePolicy
     from env.task_sets import resolve_task_set
 
     conversations = []

@@ -35,8 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from data.oracle import OraclePolicy
 from env.episode import EpisodeConfig
-from env.policies import OraclePolicy
 from env.runner import run_tasks
 from env.sandbox import Sandbox, detect_backend
 from env.tasks import load_task, load_task_set

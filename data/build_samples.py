@@ -28,7 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from env.patches import PatchError, apply_patch
+from env.patch_apply import apply_patch
+from env.patch_paths import PatchError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLES_DIR = REPO_ROOT / "data" / "samples"

@@ -34,10 +34,10 @@ from collections import Counter
 from pathlib import Path
 
 from data.grounding import trajectory_report
+from data.oracle import OraclePolicy
 from env.budget import Budget, BudgetError, load_budget_file
 from env.episode import EpisodeConfig
 from env.metrics import summarize
-from env.policies import OraclePolicy
 from env.protocol import format_assistant_turn
 from env.runner import run_tasks
 from env.tasks import Task, TaskError, load_task_set

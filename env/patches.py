@@ -1,17 +1,13 @@
-"""Unified diffs: the one parser (and applier) that every use of a patch goes through.
+"""Unified diffs: the one parser that every use of a patch goes through.
 
     parse_patch(text)               -> Patch: its file sections, each hunk read by the counts of its @@ header
-    path_problem(rel)               why a path named by a patch is unacceptable, or None
-    resolve_inside(root, rel)       `rel` resolved inside `root` now (every symlink followed), or PatchError
-    read_text_inside(root, rel)     a file's text, read through resolve_inside
-    plan_patch(root, patch)         the changes the patch makes to the tree at `root`, computed in memory
-    apply_patch(root, patch)        plan_patch, then write: if any hunk fails to match, nothing is written
 
-Task validation (env/tasks.py), the gold patch's application and its edit calls (env/policies.py), the task
-factory's gold check (data/families/base.py, through env.tasks.apply_patch) and the simulated users' verdict
-(env/users.py) all read a diff here, so a line one of them takes for a file header cannot be a hunk line to
-another: hunk lines are counted by the ranges of their `@@ -l,s +l,s @@` header, never guessed from their look.
-Nothing shells out to `patch`, whose own reading of the text could differ.
+Task validation (env/tasks.py), the gold patch's edit calls (env/policies.py), the applier
+(env/patch_apply.py: the task factory's gold check, the simulated users' verdict, the sample repos) all read
+a diff here, so a line one of them takes for a file header cannot be a hunk line to another: hunk lines are
+counted by the ranges of their `@@ -l,s +l,s @@` header, never guessed from their look. The paths a patch
+names are checked by env/patch_paths.py, which also holds PatchError. Nothing shells out to `patch`, whose
+own reading of the text could differ.
 
 Accepted: unified diffs as `diff -u`, difflib and git write them, with `patch -p1` names (the first path
 component, a/ or b/, is stripped); `/dev/null` for an added or deleted file; git's extended headers (new/deleted
@@ -26,28 +22,23 @@ for -p1 to strip; a hunk whose lines do not add up to its header's counts, or a 
 malformed @@ headers; overlapping or out-of-order hunks; a `\\ No newline` marker not at the end of the file; a
 header line out of place (`+++ ` without `--- `, `@@` without file headers, git headers outside `diff --git`);
 context diffs; two sections naming one path; a non-git section naming two different files; file modes other than
-100644, 100755 and 120000. When applying: a path that resolves outside the root (through a symlink in the tree,
-checked when the file is read and again when it is written); a symlink the patch creates pointing outside the
-root, or a path the patch writes beneath a file or symlink it creates; a target that is a directory, FIFO,
-socket or device; a hunk that does not match.
+100644, 100755 and 120000. What applying refuses: env/patch_apply.py.
 
-This module imports only the standard library (env/ must not pull in torch and the like).
+This module imports only the standard library and env/patch_paths.py (env/ must not pull in torch and the like).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import stat
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass
+from pathlib import PurePosixPath
 
-MAX_FILE_BYTES = 64 * 1024 * 1024  # a file a patch reads or writes; beyond it is not a source file
+from env.patch_paths import PatchError, path_problem, shown
+
 MODES = {0o100644: 0o644, 0o100755: 0o755}  # git file modes -> permission bits
 SYMLINK_MODE = 0o120000
 _HUNK_HEADER = re.compile(r"^@@ -(\d{1,9})(?:,(\d{1,9}))? \+(\d{1,9})(?:,(\d{1,9}))? @@(?: .*)?$")
 _BINARY_DATA = re.compile(r"^(?:literal \d+|delta \d+|[A-Za-z][0-9A-Za-z!#$%&()*+;<=>?@^_`{|}~-]*|)$")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 _GIT_HEADERS = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "copy from ", "copy to ",
                 "rename from ", "rename to ", "similarity index ", "dissimilarity index ", "index ")
@@ -55,87 +46,6 @@ _OUT_OF_PLACE = ("+++ ", "@@", "old mode ", "new mode ", "deleted file mode ", "
                  "copy to ", "rename from ", "rename to ", "Binary files ", "GIT binary patch")
 
 
-class PatchError(ValueError):
-    """A patch that cannot be read or applied; the message is one line naming the problem (and its line)."""
-
-
-def _show(text: str, limit: int = 80) -> str:
-    shown = repr(text)
-    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
-
-
-# ------------------------------------------------------------------------------------------------ paths
-def path_problem(rel: str) -> str | None:
-    """Why `rel` (a path a patch names, relative to the tree it patches) is unacceptable, or None."""
-    if not isinstance(rel, str) or not rel:
-        return "is empty"
-    if any(ord(c) < 32 or ord(c) == 127 for c in rel):
-        return "contains a control character (NUL, tab, newline...)"
-    if _SURROGATE.search(rel):
-        return "is not valid UTF-8 text"
-    pure = PurePosixPath(rel)
-    if pure.is_absolute():
-        return "is an absolute path (a patch may only touch files inside its tree)"
-    if ".." in pure.parts:
-        return "leaves the tree ('..')"
-    if not pure.parts:
-        return "names no file"
-    return None
-
-
-def resolve_inside(root: str | Path, rel: str) -> Path:
-    """`rel` resolved inside `root` at the time of the call: every existing symlink followed, the result
-    checked to lie in `root`'s real path (`root` itself is refused: a patch names files). Raises PatchError
-    for a path `path_problem` refuses, a symlink escape or a symlink loop. Call it where the file is used."""
-    if problem := path_problem(rel):
-        raise PatchError(f"path {_show(rel)} {problem}")
-    try:
-        root_real = Path(root).resolve(strict=True)
-        resolved = (root_real / PurePosixPath(rel)).resolve(strict=False)
-    except (OSError, RuntimeError) as e:  # a missing root, a symlink loop (RuntimeError before Python 3.13)
-        raise PatchError(f"path {_show(rel)} cannot be resolved ({type(e).__name__})") from None
-    if resolved == root_real or not resolved.is_relative_to(root_real):
-        raise PatchError(f"path {_show(rel)} resolves outside its tree (through a symlink)")
-    return resolved
-
-
-def _resolve_dir(root_real: Path, rel_dir: str) -> Path:
-    """A directory named by a patch path's parent ("" for the root), resolved inside the root."""
-    return root_real if rel_dir in ("", ".") else resolve_inside(root_real, rel_dir)
-
-
-def _open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
-
-
-def read_regular(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of the regular file at `path` (a resolved path; the final component is not followed), at most
-    `limit` of them; PatchError naming `what` for anything else (a symlink, FIFO, device, a bigger file)."""
-    try:
-        fd = _open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise PatchError(f"{what} cannot be read ({type(e).__name__})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise PatchError(f"{what} is not a regular file")
-        if st.st_size > limit:
-            raise PatchError(f"{what} is {st.st_size} bytes; at most {limit}")
-        return f.read(limit + 1)
-
-
-def read_text_inside(root: str | Path, rel: str) -> str:
-    """The text of file `rel` of `root` (UTF-8, universal newlines, as Path.read_text gives it), read through
-    `resolve_inside` at this moment: a symlink planted to a host file is refused, never followed out."""
-    data = read_regular(resolve_inside(root, rel), f"file {_show(rel)}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PatchError(f"file {_show(rel)} is not UTF-8 text") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-# ------------------------------------------------------------------------------------------------ parse
 @dataclass(frozen=True)
 class Hunk:
     old_start: int
@@ -200,7 +110,7 @@ def _unquote(text: str, where: str) -> tuple[str, str]:
                 out.append(int(text[i + 1: i + 4], 8))
                 i += 4
             else:
-                raise PatchError(f"{where}: a quoted file name has an unknown escape {_show(chr(92) + nxt)}")
+                raise PatchError(f"{where}: a quoted file name has an unknown escape {shown(chr(92) + nxt)}")
         else:
             out += c.encode("utf-8", "surrogatepass")
             i += 1
@@ -247,23 +157,23 @@ def _git_names(rest: str, where: str) -> tuple[str, str] | None:
 def _strip_one(raw: str, where: str) -> str:
     """A name as written in a ---/+++ or `diff --git` header -> the path `patch -p1` uses (checked)."""
     if problem := path_problem(raw):
-        raise PatchError(f"{where}: file name {_show(raw)} {problem}")
+        raise PatchError(f"{where}: file name {shown(raw)} {problem}")
     parts = PurePosixPath(raw).parts
     if len(parts) < 2:
-        raise PatchError(f"{where}: file name {_show(raw)} has no leading directory (a/, b/) for -p1 to strip")
+        raise PatchError(f"{where}: file name {shown(raw)} has no leading directory (a/, b/) for -p1 to strip")
     return PurePosixPath(*parts[1:]).as_posix()
 
 
 def _plain(raw: str, where: str) -> str:
     """A name of a rename/copy header (written without a/ b/ prefixes), checked."""
     if problem := path_problem(raw):
-        raise PatchError(f"{where}: file name {_show(raw)} {problem}")
+        raise PatchError(f"{where}: file name {shown(raw)} {problem}")
     return PurePosixPath(raw).as_posix()
 
 
 def _mode(value: str, where: str) -> int:
     if not re.fullmatch(r"[0-7]{6}", value.strip()):
-        raise PatchError(f"{where}: malformed file mode {_show(value)}")
+        raise PatchError(f"{where}: malformed file mode {shown(value)}")
     mode = int(value, 8)
     if mode not in MODES and mode != SYMLINK_MODE:
         raise PatchError(f"{where}: file mode {value.strip()} is not supported (only 100644, 100755, 120000)")
@@ -312,7 +222,7 @@ def parse_patch(text: str) -> Patch:
         if line.startswith("*** ") and (r.header(1) or "").startswith("--- "):
             raise PatchError(f"{r.where()}: a context diff ('*** ' headers); only unified diffs are supported")
         if stray := next((h for h in _OUT_OF_PLACE if line.startswith(h)), None):
-            raise PatchError(f"{r.where()}: a {_show(stray.strip())} line out of place (no file header before it, "
+            raise PatchError(f"{r.where()}: a {shown(stray.strip())} line out of place (no file header before it, "
                              "or a hunk whose @@ header counts fewer lines)")
         raw = r.peek()
         if after_hunk and raw[:1] in (" ", "+", "-") and raw.rstrip("\r") != "-- ":
@@ -325,7 +235,7 @@ def parse_patch(text: str) -> Patch:
     for f in files:
         for p in f.paths:
             if p in seen:
-                raise PatchError(f"line {f.line}: names {_show(p)} again (also in the section at line {seen[p]})")
+                raise PatchError(f"line {f.line}: names {shown(p)} again (also in the section at line {seen[p]})")
             seen[p] = f.line
     return Patch(tuple(files), r.crlf)
 
@@ -347,7 +257,7 @@ def _traditional_section(r: _Reader) -> FilePatch:
     if old is None and new is None:
         raise PatchError(f"{where}: both file headers are /dev/null")
     if old is not None and new is not None and old != new:
-        raise PatchError(f"{where}: names two different files ({_show(old_raw)} and {_show(new_raw)}) without a "
+        raise PatchError(f"{where}: names two different files ({shown(old_raw)} and {shown(new_raw)}) without a "
                          "'diff --git' rename header")
     hunks = _hunks(r, new_file=old is None, deleted=new is None)
     if not hunks:
@@ -368,7 +278,7 @@ def _git_section(r: _Reader) -> FilePatch:
         key = next((h for h in _GIT_HEADERS if line.startswith(h)), None)
         if key is not None:
             if key in ext:
-                raise PatchError(f"{r.where()}: a second {_show(key.strip())} header in one section")
+                raise PatchError(f"{r.where()}: a second {shown(key.strip())} header in one section")
             value = line[len(key):]
             ext[key] = _unquote(value, r.where())[0] if key.endswith(("from ", "to ")) and value.startswith('"') \
                 else value
@@ -421,7 +331,7 @@ def _git_section(r: _Reader) -> FilePatch:
     old_names, new_names = {n for n in olds if n is not None}, {n for n in news if n is not None}
     if len(old_names) > 1 or len(new_names) > 1:
         names = sorted(old_names | new_names)
-        raise PatchError(f"{where}: the section's headers name different files ({', '.join(map(_show, names))})")
+        raise PatchError(f"{where}: the section's headers name different files ({', '.join(map(shown, names))})")
     old = None if new_file else next(iter(old_names), None) or next(iter(new_names), None)
     new = None if deleted else next(iter(new_names), None) or next(iter(old_names), None)
     if old is None and new is None:
@@ -449,7 +359,7 @@ def _hunks(r: _Reader, new_file: bool, deleted: bool) -> tuple[Hunk, ...]:
         if new_start == 0 and new_count:
             raise PatchError(f"{where}: a hunk at new line 0 must add no lines")
         if (new_file and (old_start or old_count)) or (deleted and (new_start or new_count)):
-            raise PatchError(f"{where}: hunk ranges disagree with the added/deleted file ({_show(line[:40])})")
+            raise PatchError(f"{where}: hunk ranges disagree with the added/deleted file ({shown(line[:40])})")
         if hunks:
             prev = hunks[-1]
             if ended["old"] or ended["new"]:
@@ -495,222 +405,3 @@ def _hunks(r: _Reader, new_file: bool, deleted: bool) -> tuple[Hunk, ...]:
         hunks.append(Hunk(old_start, old_count, new_start, new_count, tuple(body), header_line))
     return tuple(hunks)
 
-
-# ------------------------------------------------------------------------------------------------ apply
-@dataclass(frozen=True)
-class Entry:
-    kind: str  # "file" or "symlink"
-    data: bytes  # a file's bytes, or a link's target
-    mode: int | None = None  # a file's permission bits
-
-    def text(self) -> str:
-        return self.data.decode("utf-8", "surrogateescape")
-
-
-@dataclass(frozen=True)
-class Change:
-    path: str
-    before: Entry | None  # None: the patch adds it
-    after: Entry | None  # None: the patch deletes it
-
-
-@dataclass
-class _Tree:
-    root: Path
-    cache: dict[str, Entry | None] = field(default_factory=dict)
-
-    def entry(self, rel: str) -> Entry | None:
-        """What is at `rel` now (its parent resolved inside the root, the final component not followed)."""
-        if rel not in self.cache:
-            self.cache[rel] = _read_entry(self.root, rel)
-        return self.cache[rel]
-
-
-def _locate(root_real: Path, rel: str) -> Path:
-    """`rel`'s directory resolved inside the root, joined with its final component (not followed)."""
-    pure = PurePosixPath(rel)
-    try:
-        return _resolve_dir(root_real, pure.parent.as_posix()) / pure.name
-    except PatchError as e:
-        raise PatchError(f"{_show(rel)}: {e}") from None
-
-
-def _read_entry(root_real: Path, rel: str) -> Entry | None:
-    if problem := path_problem(rel):
-        raise PatchError(f"path {_show(rel)} {problem}")
-    path = _locate(root_real, rel)
-    try:
-        st = os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as e:
-        raise PatchError(f"{_show(rel)} cannot be read ({type(e).__name__})") from None
-    if stat.S_ISLNK(st.st_mode):
-        return Entry("symlink", os.fsencode(os.readlink(path)))
-    if stat.S_ISREG(st.st_mode):
-        return Entry("file", read_regular(path, _show(rel)), stat.S_IMODE(st.st_mode))
-    raise PatchError(f"{_show(rel)} is a directory, FIFO, socket or device, not a file a patch can change")
-
-
-def _split(text: str) -> list[str]:
-    lines = text.split("\n")
-    return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
-
-
-def _apply_hunks(text: str, hunks: tuple[Hunk, ...], crlf: bool, rel: str) -> str:
-    lines = _split(text)
-    if crlf and text and text.count("\r\n") == text.count("\n"):  # a CRLF patch (read as LF) on a CRLF file
-        def convert(items):
-            return [t[:-1] + "\r\n" if t.endswith("\n") else t for t in items]
-    else:
-        def convert(items):
-            return items
-    out: list[str] = []
-    pos, offset = 0, 0
-    for k, h in enumerate(hunks, 1):
-        old, new = convert(h.old_lines), convert(h.new_lines)
-        want = (h.old_start - 1 if h.old_count else h.old_start) + offset
-        last = len(lines) - len(old)  # the last index a match can start at
-        found = None
-        if not old:  # no context to find it by: only where its header says
-            found = want if pos <= want <= len(lines) else None
-        else:  # the nearest exact match, as `patch` looks for one (no fuzz)
-            for delta in range(max(abs(want - pos), abs(last - want)) + 1):
-                for at in ((want,) if delta == 0 else (want - delta, want + delta)):
-                    if pos <= at <= last and lines[at:at + len(old)] == old:
-                        found = at
-                        break
-                if found is not None:
-                    break
-        if found is None:
-            raise PatchError(f"hunk {k} of {_show(rel)} (patch line {h.line}) does not match the file")
-        out += lines[pos:found] + new
-        pos, offset = found + len(old), found - (h.old_start - 1 if h.old_count else h.old_start)
-    out += lines[pos:]
-    if any(not line.endswith("\n") for line in out[:-1]):
-        raise PatchError(f"{_show(rel)}: a line without a newline would end up before the end of the file")
-    return "".join(out)
-
-
-def _new_entry(tree: _Tree, f: FilePatch, before: Entry | None, crlf: bool, rel: str) -> Entry:
-    """What `f`'s hunks make of `before` (an empty file when it is added)."""
-    kind = "symlink" if f.new_mode == SYMLINK_MODE or (f.new_mode is None and before and before.kind == "symlink") \
-        else "file"
-    if before is not None and (before.kind == "symlink") != (kind == "symlink"):
-        raise PatchError(f"{_show(rel)} is a {before.kind} in the tree but the patch changes it as a {kind}")
-    old_text = before.text() if before else ""
-    try:
-        data = _apply_hunks(old_text, f.hunks, crlf, rel).encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        raise PatchError(f"{_show(rel)}: the patched text is not valid UTF-8") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise PatchError(f"{_show(rel)} would be {len(data)} bytes; at most {MAX_FILE_BYTES}")
-    if kind == "symlink" and f.new_path is not None:
-        _check_link_target(tree.root, rel, data)
-        return Entry("symlink", data)
-    mode = MODES.get(f.new_mode) if f.new_mode else (before.mode if before else None)
-    return Entry("file", data, mode)
-
-
-def _check_link_target(root_real: Path, rel: str, target: bytes) -> None:
-    """A symlink the patch makes must point, relatively, at a path inside the tree (not the tree itself)."""
-    try:
-        name = target.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PatchError(f"symlink {_show(rel)}: its target is not UTF-8") from None
-    if not name or name.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise PatchError(f"symlink {_show(rel)}: target {_show(name)} must be a relative path")
-    link_dir = PurePosixPath(rel).parent
-    lexical = os.path.normpath((link_dir / name).as_posix())
-    if lexical in (".", "..") or lexical.startswith("../"):
-        raise PatchError(f"symlink {_show(rel)}: target {_show(name)} leaves the tree")
-    try:
-        resolved = (_resolve_dir(root_real, link_dir.as_posix()) / name).resolve(strict=False)
-    except (OSError, RuntimeError):
-        raise PatchError(f"symlink {_show(rel)}: target {_show(name)} loops") from None
-    if resolved == root_real or not resolved.is_relative_to(root_real):
-        raise PatchError(f"symlink {_show(rel)}: target {_show(name)} resolves outside the tree")
-
-
-def plan_patch(root: str | Path, patch: str | Patch, *, skip_binary: bool = False) -> list[Change]:
-    """The changes `patch` makes to the tree at `root`, computed without writing anything (sorted by path).
-
-    Every file is read through its parent resolved inside `root` now (a symlink in the tree pointing out is
-    refused; a symlink entry itself is read as its target, the git way). Binary sections have no text to
-    apply: PatchError, or left out with `skip_binary` (what `patch -p1` does with them)."""
-    parsed = patch if isinstance(patch, Patch) else parse_patch(patch)
-    try:
-        root_real = Path(root).resolve(strict=True)
-    except (OSError, RuntimeError):
-        raise PatchError("the tree to patch does not exist") from None
-    if not root_real.is_dir():
-        raise PatchError("the tree to patch is not a directory")
-    tree = _Tree(root_real)
-    changes: list[Change] = []
-    for f in parsed.files:
-        if f.binary:
-            if skip_binary:
-                continue
-            raise PatchError(f"line {f.line}: a binary change of {_show(f.paths[0])}; there is no text to apply")
-        src = f.old_path
-        before = tree.entry(src) if src is not None else None
-        if src is not None and before is None:
-            raise PatchError(f"line {f.line}: {_show(src)} does not exist in the tree")
-        if f.new_path is not None and f.new_path != src and tree.entry(f.new_path) is not None:
-            raise PatchError(f"line {f.line}: {_show(f.new_path)} already exists in the tree")
-        if f.new_path is None:
-            after = _new_entry(tree, f, before, parsed.crlf, src)
-            if after.data:
-                raise PatchError(f"line {f.line}: deletes {_show(src)} but its hunks leave text in it")
-            changes.append(Change(src, before, None))
-            continue
-        after = _new_entry(tree, f, before, parsed.crlf, f.new_path)
-        if src is not None and src != f.new_path:
-            if not f.copy:
-                changes.append(Change(src, before, None))
-            changes.append(Change(f.new_path, None, after))
-        elif after != before:
-            changes.append(Change(f.new_path, before, after))
-    written = {c.path: c.after for c in changes if c.after is not None}
-    for path in written:
-        for parent in PurePosixPath(path).parents:
-            if parent.as_posix() in written:
-                raise PatchError(f"the patch writes {_show(path)} beneath {_show(parent.as_posix())}, which it "
-                                 f"makes a {written[parent.as_posix()].kind}")
-    return sorted(changes, key=lambda c: c.path)
-
-
-def apply_patch(root: str | Path, patch: str | Patch, *, skip_binary: bool = False) -> list[Change]:
-    """Apply `patch` to the tree at `root` (`patch -p1` names) and return its changes. Every hunk is matched
-    first (`plan_patch`): if one fails, PatchError and nothing is written. Each write resolves its directory
-    inside `root` again, creates nothing through a symlink, and never follows one at the final component."""
-    changes = plan_patch(root, patch, skip_binary=skip_binary)
-    root_real = Path(root).resolve(strict=True)
-    try:
-        for c in changes:
-            if c.after is None:
-                os.unlink(_locate(root_real, c.path))
-        for c in changes:
-            if c.after is None:
-                continue
-            rel = PurePosixPath(c.path)
-            parent_rel = rel.parent.as_posix()
-            parent = _resolve_dir(root_real, parent_rel)
-            parent.mkdir(parents=True, exist_ok=True)
-            if _resolve_dir(root_real, parent_rel) != parent:
-                raise PatchError(f"the directory of {_show(c.path)} changed while the patch was applied")
-            target = parent / rel.name
-            if os.path.islink(target):  # a symlink the patch retargets (never written through)
-                os.unlink(target)
-            if c.after.kind == "symlink":
-                _check_link_target(root_real, c.path, c.after.data)
-                os.symlink(os.fsdecode(c.after.data), target)
-                continue
-            fd = _open_nofollow(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            with os.fdopen(fd, "wb") as out:
-                out.write(c.after.data)
-                if c.after.mode is not None:
-                    os.fchmod(out.fileno(), c.after.mode)
-    except OSError as e:
-        raise PatchError(f"writing the patched files failed ({type(e).__name__}: {e.strerror})") from None
-    return changes

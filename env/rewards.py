@@ -6,7 +6,7 @@
 Each component has TRL's signature `f(completions, **kwargs) -> list[float | None]` and reads the rollout
 extra `episode` (one `episode_facts` dict per completion, computed by the rollout from the episode's record,
 `Trajectory.to_record`), never the completion text: the outcome is the grade `run_episode` computed with
-`env.tasks.grade`, the checker eval.py uses, so the reward cannot drift from eval.
+`env.grading.grade`, the checker eval.py uses, so the reward cannot drift from eval.
 TRL logs every component's mean and std per step (`rewards/<name>/mean|std`), never only the sum.
 
 Shaping (the original recipe also rewards efficiency: fewer turns, shorter and faster episodes, parallel
@@ -104,7 +104,7 @@ def _facts(kwargs: dict, name: str) -> list[dict]:
 
 
 def outcome(completions, **kwargs) -> list[float]:
-    """1 when the hidden tests pass (env.tasks.grade, as in eval), else 0."""
+    """1 when the hidden tests pass (env.grading.grade, as in eval), else 0."""
     return [1.0 if e["solved"] else 0.0 for e in _facts(kwargs, "outcome")]
 
 

@@ -1,4 +1,4 @@
-"""The public task format, and the one grader every stage uses.
+"""The public task format: loading, validation and writing of task directories.
 
 A task is a directory:
 
@@ -15,19 +15,18 @@ Task directories are not trusted. `load_task` refuses (TaskError naming the task
 anything that would let a task read or write host files or hang the harness: repo/, hidden/,
 task.json or gold.patch resolving outside the task directory; a symlink in repo/ or hidden/ that
 is absolute, loops, or leaves its tree; FIFOs, sockets and devices; file names that are not
-UTF-8; a gold.patch that env/patches.py (the one diff parser every use of a patch goes through)
-refuses: malformed hunks, names that are absolute, hold `..` or control characters, or resolve outside
-repo/ through a symlink, binary or symlink changes (edit_file calls cannot make them); a task.json that is
+UTF-8; a gold.patch that env/patches.py (the one diff parser every use of a patch goes through) or
+env/patch_paths.py refuses: malformed hunks, names that are absolute, hold `..` or control characters, or
+resolve outside repo/ through a symlink, binary or symlink changes (edit_file calls cannot make them); a task.json that is
 not a small UTF-8 JSON object with the documented types. `load_task_set` loads the good tasks of a set and lists the
 bad ones with their reasons (`TaskList.invalid`), so one broken task costs one record, not the run.
 
-`grade()` is THE checker: `eval.py` calls it and the RL `outcome` reward calls it, so the
-two cannot drift apart (nanochat's `reward()` reuses `evaluate()` for the same reason).
+`write_task` writes a task directory (its gold.patch made by env/patch_apply.py's `make_patch`), and
+`apply_patch` applies a task's patch to a workspace (TaskError when it cannot). Grading: env/grading.py.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import os
@@ -37,11 +36,11 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from env import patches
+from env import patch_apply, patch_paths, patches
+from env.patch_paths import shown
 
 log = logging.getLogger(__name__)
 
-SUBMISSION_FILE = ".submission.txt"  # the submitted summary, written before grading
 REQUIRED_KEYS = {"id": str, "instruction": str, "test_command": str}
 # Optional keys the harness reads: a value of another type would surface later as a crash mid-run.
 OPTIONAL_STRING_KEYS = ("visible_test_command", "user_answer", "gold_answer", "family", "tier", "project",
@@ -81,18 +80,12 @@ class Task:
     def gold_patch(self) -> str | None:
         """gold.patch as text (no newline translation: env/patches.py reads CRLF itself), read now without
         following a symlink; None when there is none. TaskError if it became something else since loading."""
-        return _read_gold_patch(self.root / "gold.patch", f"task {_show(self.id)}")
+        return _read_gold_patch(self.root / "gold.patch", f"task {shown(self.id)}")
 
     @property
     def gold_answer(self) -> str | None:
         """For answer-graded families (locate): what a correct submission says."""
         return self.meta.get("gold_answer")
-
-
-def _show(text: str, limit: int = 80) -> str:
-    """A path or value for an error message: repr (which escapes surrogates), shortened."""
-    shown = repr(text)
-    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
 
 
 def _resolves_inside(path: Path, base: Path) -> bool:
@@ -179,7 +172,7 @@ def _check_spec(spec: dict, where: str) -> int:
     task_id = spec["id"]
     if len(task_id) > 200 or task_id.startswith(".") or any(c in task_id for c in "/\\") or \
             any(ord(c) < 32 or ord(c) == 127 for c in task_id):
-        raise TaskError(f"{where}: task id {_show(task_id)} must be at most 200 characters, with no slashes or "
+        raise TaskError(f"{where}: task id {shown(task_id)} must be at most 200 characters, with no slashes or "
                         "control characters and no leading dot (runners use it in file names)")
     for key in ("test_command", *OPTIONAL_STRING_KEYS):
         value = spec.get(key)
@@ -190,7 +183,7 @@ def _check_spec(spec: dict, where: str) -> int:
     timeout_s = spec.get("timeout_s", DEFAULT_TIMEOUT_S)
     if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or not 0 < timeout_s <= MAX_TIMEOUT_S:
         raise TaskError(f"{where}: task.json key 'timeout_s' must be an integer from 1 to {MAX_TIMEOUT_S}, "
-                        f"got {_show(str(timeout_s), 40)}")
+                        f"got {shown(str(timeout_s), 40)}")
     return timeout_s
 
 
@@ -203,23 +196,23 @@ def _check_tree(tree: Path, where: str) -> None:
             path = Path(dirpath) / name
             rel = path.relative_to(tree.parent).as_posix()
             if rel.count("/") > MAX_TREE_DEPTH:
-                raise TaskError(f"{where}: {_show(rel[:60] + '...')} is nested more than {MAX_TREE_DEPTH} "
+                raise TaskError(f"{where}: {shown(rel[:60] + '...')} is nested more than {MAX_TREE_DEPTH} "
                                 "directories deep")
             try:
                 name.encode("utf-8")
             except UnicodeEncodeError:
-                raise TaskError(f"{where}: file name {_show(rel)} is not valid UTF-8") from None
+                raise TaskError(f"{where}: file name {shown(rel)} is not valid UTF-8") from None
             mode = path.lstat().st_mode
             if stat.S_ISLNK(mode):
                 target = os.readlink(path)
                 if os.path.isabs(target):
-                    raise TaskError(f"{where}: {_show(rel)} is a symlink to the absolute path {_show(target)}; "
+                    raise TaskError(f"{where}: {shown(rel)} is a symlink to the absolute path {shown(target)}; "
                                     "only relative links inside the tree are allowed")
                 if not _resolves_inside(path, tree_real):
-                    raise TaskError(f"{where}: {_show(rel)} is a symlink to {_show(target)}, which loops or "
+                    raise TaskError(f"{where}: {shown(rel)} is a symlink to {shown(target)}, which loops or "
                                     f"resolves outside {tree.name}/")
             elif not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                raise TaskError(f"{where}: {_show(rel)} is not a regular file or directory (a FIFO, socket "
+                raise TaskError(f"{where}: {shown(rel)} is not a regular file or directory (a FIFO, socket "
                                 "or device would hang or break the copy)")
 
 
@@ -228,7 +221,7 @@ def _check_subdir(root: Path, name: str, where: str, required: bool) -> bool:
     would show the agent the hidden tests); False when absent and optional."""
     path = root / name
     if path.is_symlink():
-        raise TaskError(f"{where}: {name} is a symlink to {_show(os.readlink(path))}; it must be a real directory "
+        raise TaskError(f"{where}: {name} is a symlink to {shown(os.readlink(path))}; it must be a real directory "
                         "inside the task directory")
     if not path.exists():
         if required:
@@ -250,8 +243,8 @@ def _read_gold_patch(patch: Path, where: str) -> str | None:
     if not stat.S_ISREG(mode):
         raise TaskError(f"{where}: gold.patch must be a regular file (not a symlink, directory or FIFO)")
     try:
-        data = patches.read_regular(patch, "gold.patch", MAX_GOLD_PATCH_BYTES)  # opened without following a link
-    except patches.PatchError as e:
+        data = patch_paths.read_regular(patch, "gold.patch", MAX_GOLD_PATCH_BYTES)  # opened without following a link
+    except patch_paths.PatchError as e:
         raise TaskError(f"{where}: {e}") from None
     try:
         return data.decode("utf-8")
@@ -267,14 +260,14 @@ def check_gold_patch(text: str, repo: Path, where: str) -> patches.Patch:
         parsed = patches.parse_patch(text)
         for f in parsed.files:
             if f.binary:
-                raise patches.PatchError(f"line {f.line}: a binary change of {_show(f.paths[0])} (edit_file calls "
-                                         "cannot make it)")
+                raise patch_paths.PatchError(f"line {f.line}: a binary change of {shown(f.paths[0])} "
+                                             "(edit_file calls cannot make it)")
             if patches.SYMLINK_MODE in (f.old_mode, f.new_mode):
-                raise patches.PatchError(f"line {f.line}: a symlink change of {_show(f.paths[0])} (edit_file calls "
-                                         "cannot make it)")
+                raise patch_paths.PatchError(f"line {f.line}: a symlink change of {shown(f.paths[0])} "
+                                             "(edit_file calls cannot make it)")
             for rel in f.paths:
-                patches.resolve_inside(repo, rel)
-    except patches.PatchError as e:
+                patch_paths.resolve_inside(repo, rel)
+    except patch_paths.PatchError as e:
         raise TaskError(f"{where}: gold.patch {e}") from None
     return parsed
 
@@ -288,13 +281,13 @@ def _check_gold_patch(root: Path, where: str) -> None:
 def load_task(path: str | Path) -> Task:
     """Load and check one task directory; TaskError (naming the directory and the offending path) if unusable."""
     root = Path(path)
-    where = f"task directory {_show(str(root), 200)}"
+    where = f"task directory {shown(str(root), 200)}"
     try:
         if not root.is_dir():
             raise TaskError(f"{where}: not a directory")
         spec = _read_spec(root, where)
         if isinstance(spec.get("id"), str) and spec["id"].strip():
-            where = f"task {_show(spec['id'])} ({where})"
+            where = f"task {shown(spec['id'])} ({where})"
         timeout_s = _check_spec(spec, where)
         _check_subdir(root, "repo", where, required=True)
         _check_subdir(root, "hidden", where, required=False)
@@ -335,19 +328,19 @@ def load_task_set(path: str | Path, *, strict: bool = False) -> TaskList:
     raises on the first one instead. A set with no valid task at all is a TaskError."""
     root = Path(path)
     if not root.is_dir():
-        raise TaskError(f"task set {_show(str(root), 200)}: not a directory")
+        raise TaskError(f"task set {shown(str(root), 200)}: not a directory")
     if (root / "task.json").exists() or (root / "task.json").is_symlink():
         return TaskList([load_task(root)])
     dirs = _task_dirs(root)
     if not dirs:
-        raise TaskError(f"task set {_show(str(root), 200)}: no task directories (no task.json found below it)")
+        raise TaskError(f"task set {shown(str(root), 200)}: no task directories (no task.json found below it)")
     tasks, invalid, seen = [], [], {}
     for d in dirs:
         try:
             task = load_task(d)
             if task.id in seen:
-                raise TaskError(f"task {_show(task.id)} ({_show(str(d), 200)}): duplicate task id, also in "
-                                f"{_show(str(seen[task.id]), 200)}")
+                raise TaskError(f"task {shown(task.id)} ({shown(str(d), 200)}): duplicate task id, also in "
+                                f"{shown(str(seen[task.id]), 200)}")
         except TaskError as e:
             if strict:
                 raise
@@ -357,25 +350,9 @@ def load_task_set(path: str | Path, *, strict: bool = False) -> TaskList:
         seen[task.id] = d
         tasks.append(task)
     if not tasks:
-        raise TaskError(f"task set {_show(str(root), 200)}: none of its {len(dirs)} task directories is valid; "
+        raise TaskError(f"task set {shown(str(root), 200)}: none of its {len(dirs)} task directories is valid; "
                         f"first: {invalid[0][1]}")
     return TaskList(sorted(tasks, key=lambda t: t.id), invalid)
-
-
-def _files(tree: Path | dict[str, str]) -> dict[str, str]:
-    if isinstance(tree, dict):
-        return dict(tree)
-    return {
-        p.relative_to(tree).as_posix(): p.read_bytes().decode("utf-8")  # newlines as written (CRLF kept)
-        for p in sorted(tree.rglob("*"))
-        if p.is_file() and "__pycache__" not in p.parts
-    }
-
-
-def _lines(text: str) -> list[str]:
-    """Lines split at "\n" only, as env/patches.py reads them (str.splitlines also splits at \f, \u2028...)."""
-    parts = text.split("\n")
-    return [line + "\n" for line in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def _write_tree(dest: Path, tree: Path | dict[str, str]) -> None:
@@ -408,109 +385,15 @@ def write_task(dest: Path, *, id: str, instruction: str, test_command: str, repo
     return dest
 
 
-def make_patch(before: Path | dict[str, str], after: Path | dict[str, str]) -> str:
-    """A unified diff (a/ b/ paths, `patch -p1` style) turning `before` into `after`."""
-    old, new = _files(before), _files(after)
-    chunks = []
-    for rel in sorted(old.keys() | new.keys()):
-        a, b = old.get(rel), new.get(rel)
-        if a == b:
-            continue
-        diff = difflib.unified_diff(
-            _lines(a or ""), _lines(b or ""),
-            fromfile=f"a/{rel}" if a is not None else "/dev/null",
-            tofile=f"b/{rel}" if b is not None else "/dev/null",
-        )
-        for line in diff:
-            chunks.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-    return "".join(chunks)
-
-
 def apply_patch(workspace: Path, patch: str) -> None:
-    """Apply a unified diff (`patch -p1` names) inside `workspace` with env/patches.py, the one diff parser;
-    TaskError naming the problem if it is malformed, names a path outside `workspace` (absolute, `..`, or
+    """Apply a unified diff (`patch -p1` names) inside `workspace` with env/patch_apply.py (env/patches.py, the
+    one diff parser, reads it); TaskError naming the problem if it is malformed, names a path outside `workspace` (absolute, `..`, or
     through a symlink in it, checked as each file is read and written) or does not apply. When a hunk does
     not match, nothing is written."""
     try:
-        patches.apply_patch(Path(workspace), patch)
-    except patches.PatchError as e:
+        patch_apply.apply_patch(Path(workspace), patch)
+    except patch_paths.PatchError as e:
         raise TaskError(f"refusing to apply the patch in {workspace}: {e}") from None
-
-
-_PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|error|errors)\b")
-
-
-def parse_test_counts(output: str) -> tuple[int | None, int | None]:
-    """(passed, failed) from a pytest summary line, or (None, None) when there is none."""
-    found = _PYTEST_COUNTS.findall(output)
-    if not found:
-        return None, None
-    passed = sum(int(n) for n, kind in found if kind == "passed")
-    failed = sum(int(n) for n, kind in found if kind != "passed")
-    return passed, failed
-
-
-@dataclass
-class Grade:
-    solved: bool
-    returncode: int | None
-    timed_out: bool
-    output: str
-    passed: int | None = None  # pytest counts when the output has a summary line
-    failed: int | None = None
-    command_s: float = 0.0  # time the test command itself ran
-
-    @property
-    def pass_fraction(self) -> float:
-        """Share of passing tests (partial credit); 1/0 from `solved` when counts are unknown."""
-        if self.solved:
-            return 1.0
-        if self.passed is None or not (self.passed + (self.failed or 0)):
-            return 0.0
-        return self.passed / (self.passed + (self.failed or 0))
-
-
-def _write_submission(graded: Path, submission: str) -> None:
-    """Write the submission file, replacing whatever the agent put at that name: a symlink planted there
-    must not make the harness write through it to a host file."""
-    from env.workspace import remove_workspace
-
-    target = graded / SUBMISSION_FILE
-    if target.is_dir() and not target.is_symlink():
-        remove_workspace(target)
-    elif target.is_symlink() or target.exists():
-        target.unlink()
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
-        f.write(submission)
-
-
-def grade(task: Task, workspace: Path, submission: str = "") -> Grade:
-    """Grade the agent's final workspace: copy it, lay hidden/ over it, run test_command.
-
-    The copy keeps the agent's workspace intact (trajectories can be inspected later) and
-    means the hidden files overwrite whatever the agent did to its own copies of them. A workspace
-    that cannot be copied grades as unsolved, with the reason in `output`; the submission file
-    replaces whatever the agent left at its name (a symlink there is never written through).
-    """
-    from env.sandbox import Sandbox
-    from env.workspace import make_workspace, overlay, remove_workspace
-
-    try:
-        graded = make_workspace(Path(workspace), prefix="grade-")
-    except (OSError, RecursionError) as e:  # what the agent left cannot be copied: ungradable, not a crash
-        return Grade(False, None, False, f"grading failed: the workspace could not be copied ({str(e)[:500]})")
-    try:
-        if task.hidden_dir is not None:
-            overlay(task.hidden_dir, graded)
-        _write_submission(graded, submission or "")
-        with Sandbox(graded) as sandbox:
-            result = sandbox.run(task.test_command, timeout_s=task.timeout_s)
-    finally:
-        remove_workspace(graded)
-    passed, failed = parse_test_counts(result.output)
-    return Grade(result.returncode == 0 and not result.timed_out, result.returncode, result.timed_out,
-                 result.output, passed, failed, result.wall_s)
 
 
 def spread_subset(items: list, n: int) -> list:

@@ -15,6 +15,10 @@ caused (bad paths, symlink loops, FIFOs, NUL bytes, a spent time budget) come ba
 "Error: ..." text, and anything unforeseen as "Error: internal error ..." (logged). Every
 result is UTF-8 encodable (`protocol.utf8_clean`), whatever bytes the commands printed or
 the file names held.
+
+Over 500 lines because: the tools are the public methods of one class (CodeTools, ~320 lines) whose
+docstrings are the schemas the model sees, kept beside the schema builder and the argument checks that
+read them; splitting the class would separate a tool from its schema.
 """
 
 from __future__ import annotations

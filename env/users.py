@@ -17,7 +17,7 @@ session's turns (long-poll), answers `ask_user` questions (from the hidden spec 
 `answer_helpful_p`, else "just do it"), and gives up on a session slower than its patience (feedback
 `abandoned`). When the session ends the user judges it with information the agent never saw:
 the session's diff applied (`patch -p1` names, by env/patches.py, the one diff parser: a path outside the copy
-is refused, never written) to a fresh copy of the task repo, graded by `env.tasks.grade` with
+is refused, never written) to a fresh copy of the task repo, graded by `env.grading.grade` with
 the hidden tests. A passing result is applied and kept, a failing one applied and later reverted (each flipped
 with probability `keep_noise_p`); a wrong or slow result brings a dissatisfied follow-up with probability
 `followup_p`; every session gets a 1-5 rating. Every feedback event is a real POST, counted, so a test can
@@ -51,9 +51,11 @@ from pathlib import Path
 import httpx
 import yaml
 
-from env.patches import PatchError, apply_patch
+from env.grading import grade
+from env.patch_apply import apply_patch
+from env.patch_paths import PatchError
 from env.task_sets import resolve_task_set
-from env.tasks import Task, TaskError, family_of, grade
+from env.tasks import Task, TaskError, family_of
 from env.workspace import make_workspace, remove_workspace
 
 TERMINAL = ("finished", "timed_out", "failed", "interrupted")

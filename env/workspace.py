@@ -24,6 +24,10 @@ Where workspaces live, and why (the agent's files must never be a way up to a hi
 - A harness killed with SIGKILL cannot remove its workspaces: `sweep_stale_workspaces` removes those
   whose owning pid is dead (run once per process at the first `make_workspace`; call it at start-up).
   The pid check assumes every harness sharing the directory shares one pid namespace.
+
+Over 500 lines because: making, staging, overlaying and removing a workspace share one distrustful walk and
+copy (no symlink followed, special files skipped, caps checked before a byte is copied) and one ownership
+and sweep rule; the security argument above is easier to check in one file.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from data.oracle import OraclePolicy
 from env.policies import POLICIES, get_policy, is_checkpoint_spec
 
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "max_context")
@@ -36,8 +37,20 @@ def warn(message: str) -> None:
     print(f"{script or __name__}: warning: {message}", file=sys.stderr)
 
 
+# The scripted policies by name: the harness's (env/policies.py: gold, noop) and the oracle, a data generator
+# (data/oracle.py; env/ may not import data/, so the two meet here, where every stage gets its policies).
+SCRIPTED = {**POLICIES, "oracle": OraclePolicy}
+
+
 def is_scripted(spec: str) -> bool:
-    return spec in POLICIES or spec.startswith("replay:")
+    return spec in SCRIPTED or spec.startswith("replay:")
+
+
+def scripted_policy(spec: str, **kwargs):
+    """A scripted policy from its name (SCRIPTED) or `replay:FILE`; ValueError naming the choices otherwise."""
+    if spec in SCRIPTED:
+        return SCRIPTED[spec](**kwargs)
+    return get_policy(spec, **kwargs)
 
 
 def kind_module(spec: str):
@@ -97,11 +110,11 @@ def build_policy(spec: str, sampling: dict | None = None, backend: str = "auto",
     before running any, and a process can hold only one vLLM engine at a time.
     """
     if is_scripted(spec):
-        return get_policy(spec)
+        return scripted_policy(spec)
     if (kind := kind_module(spec)) is not None:
         return kind.build(spec, sampling)
     if not is_checkpoint_spec(spec):
-        raise ValueError(f"policy {spec!r}: not a scripted policy ({', '.join(POLICIES)}, replay:FILE), "
+        raise ValueError(f"policy {spec!r}: not a scripted policy ({', '.join(SCRIPTED)}, replay:FILE), "
                          f"a checkpoint directory or a hub id (or {' / '.join(k + '...' for k in KINDS)})")
     from nanocomposer.policy import ModelPolicy, SamplingConfig  # lazy: scripted evals need no torch
 

@@ -1,4 +1,6 @@
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,7 +9,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from data.build_samples import build_samples
-from env.tasks import load_task, make_patch, write_task
+from env.patch_apply import make_patch
+from env.tasks import load_task, write_task
 
 # data/samples' repos are built from data/projects; test modules load them at import, so build before any is
 # collected (a no-op when up to date; a lock serialises the xdist workers).
@@ -28,6 +31,29 @@ def make_calc_task(dest: Path, task_id: str = "calc-add"):
                       hidden={"tests/test_ops.py": CALC_REPO["tests/test_ops.py"]},
                       gold_patch=make_patch(CALC_REPO, fixed), family="fix_bug", tier="micro")
     return load_task(root)
+
+
+SENTINEL = "SENTINEL-HOST-FILE-CONTENT-5c1e"  # in the host files no patch, gold edit or error may carry
+
+
+@pytest.fixture
+def host(tmp_path) -> Path:
+    """Files outside every root, for the patch tests (tests/test_hostile_tasks.py has its own `host`): a
+    sentinel next to the task set and one in the system temp directory (where a scratch copy of a repo used to
+    live)."""
+    d = tmp_path / "host"
+    d.mkdir()
+    (d / "SENTINEL.txt").write_text(SENTINEL + "\n")
+    fd, name = tempfile.mkstemp(prefix="SENTINEL-", suffix=".txt")
+    os.write(fd, (SENTINEL + "\n").encode())
+    os.close(fd)
+    (d / "tmp-name").write_text(Path(name).name)
+    yield d
+    os.unlink(name)
+
+
+def host_state(host: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(host.iterdir())}
 
 
 @pytest.fixture

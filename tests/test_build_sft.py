@@ -8,8 +8,8 @@ import pytest
 from conftest import make_calc_task
 
 from data.build_sft import ExportError, bad_examples, build, sft_messages, sft_row
+from data.oracle import OraclePolicy
 from env.episode import run_episode
-from env.policies import OraclePolicy
 from env.protocol import parse_turn
 from env.tools import CodeTools, tool_schemas
 

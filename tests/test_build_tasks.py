@@ -23,7 +23,8 @@ from data.families import FAMILIES
 from data.families.base import MICRO_MAX_CHARS, SourceProject, load_projects, parse_failure
 from data.families.fix_lint import INJECTORS, SIDE_EFFECT_CODES, ruff_diagnostics
 from data.families.locate import checker_source
-from env.tasks import Task, apply_patch, grade, load_task, load_task_set
+from env.grading import grade
+from env.tasks import Task, apply_patch, load_task, load_task_set
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECTS = ROOT / "data" / "projects"

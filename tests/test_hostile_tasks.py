@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from env.grading import Grade, grade
+from env.patch_apply import make_patch
 from env.task_sets import resolve_task_set
-from env.tasks import Grade, TaskError, apply_patch, grade, load_task, load_task_set, make_patch, write_task
+from env.tasks import TaskError, apply_patch, load_task, load_task_set, write_task
 
 SECRET = "TOP-SECRET-HOST-CONTENT-7f3a"
 REPO = {"calc/ops.py": "def add(a, b):\n    return a - b\n", "tests/test_ops.py": "from calc.ops import add\n"}

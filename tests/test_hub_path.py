@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from data.build_sft import check_rows_render, sft_row
+from data.oracle import OraclePolicy
 from env.episode import EpisodeConfig, run_episode
-from env.policies import GoldPolicy, OraclePolicy
+from env.policies import GoldPolicy
 from env.protocol import load_chat_template, parse_turn
 from env.tools import CodeTools, tool_schemas
 from nanocomposer.hub_standin import build_standin, qwen_tokenizer_dir

@@ -1,5 +1,5 @@
 """The task ladder: every rung builds, deterministically, with disjoint train/held-out seeds and names;
-gold solves and noop fails every built task (env.tasks.grade); the oracle solves each rung, grounded."""
+gold solves and noop fails every built task (env.grading.grade); the oracle solves each rung, grounded."""
 
 import random
 import re
@@ -20,9 +20,10 @@ from data.families import (
     ladder_operator,
 )
 from data.grounding import trajectory_report
+from data.oracle import OraclePolicy
 from env.episode import run_episode
-from env.policies import OraclePolicy
-from env.tasks import apply_patch, grade, load_task_set
+from env.grading import grade
+from env.tasks import apply_patch, load_task_set
 
 RUNGS = {m.FAMILY: m for m in (ladder_copy, ladder_locate, ladder_edit, ladder_ask, ladder_constant, ladder_operator)}
 

@@ -104,7 +104,8 @@ def kind_task(tmp_path, kind: str):
     """A calc task whose instruction names the fault the fake server plays for it."""
     from conftest import CALC_REPO
 
-    from env.tasks import load_task, make_patch, write_task
+    from env.patch_apply import make_patch
+    from env.tasks import load_task, write_task
 
     fixed = dict(CALC_REPO, **{"calc/ops.py": CALC_REPO["calc/ops.py"].replace("a - b", "a + b")})
     return load_task(write_task(tmp_path / kind, id=f"calc-{kind}", instruction=f"[{kind}] add(2, 3) returns -1.",

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, harness_leftovers, make_calc_task, save_micro_checkpoint
 
+from data.oracle import OraclePolicy
 from env.episode import EpisodeConfig, Generation, run_episode
-from env.policies import GoldPolicy, NoopPolicy, OraclePolicy, get_policy
+from env.policies import GoldPolicy, NoopPolicy, get_policy
 from env.protocol import format_assistant_turn
 from env.results import ResultsFileError, read_results
 from env.runner import ProcessFailed, TaskRef, default_seed_policy, run_tasks
@@ -141,7 +142,7 @@ class GoldUnlessTold(GoldPolicy):
 
 def test_worker_processes_give_the_records_of_one_process():
     tasks = resolve_task_set("samples").tasks
-    oracle = functools.partial(get_policy, "oracle")
+    oracle = OraclePolicy  # picklable: each worker process makes its own
     one = run_tasks(tasks, oracle, samples=2, seed=3, concurrency=4, progress=False)
     played = []
     two = run_tasks(tasks, oracle, samples=2, seed=3, concurrency=4, progress=False, processes=2,

@@ -3,7 +3,7 @@
 A family turns a `SourceProject` into `TaskSpec`s (the keyword arguments of `env.tasks.write_task`).
 Every candidate goes through `validate()` before it becomes a task: the untouched repo must
 fail grading (`noop` does not solve it) and the reference solution must pass (`gold` does),
-both graded by `env.tasks.grade`, the same checker the RL reward and evaluation use.
+both graded by `env.grading.grade`, the same checker the RL reward and evaluation use.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data import pyast
-from env.tasks import Grade, apply_patch, grade, load_task, write_task
+from env.grading import Grade, grade
+from env.tasks import apply_patch, load_task, write_task
 
 MICRO_PREFIX = "micro_"
 # whole visible repo of a micro task (module + its tests): about 900 tokens, so the module, a test run's

@@ -21,7 +21,7 @@ from data.families.base import (
     validated,
 )
 from data.mutations import Mutation, enumerate_mutations
-from env.tasks import make_patch
+from env.patch_apply import make_patch
 
 FAMILY = "fix_bug"
 MAX_PER_FUNCTION = 2

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from data import pyast
 from data.families.base import SourceProject, TaskSpec, count, function_nodes, task_id, validated
-from env.tasks import make_patch
+from env.patch_apply import make_patch
 
 FAMILY = "fix_lint"
 CANDIDATES_PER_TASK = 3

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from data.families.base import SourceProject, TaskSpec, count, function_nodes, task_id, validated
-from env.tasks import make_patch
+from env.patch_apply import make_patch
 
 FAMILY = "implement_function"
 CANDIDATES_PER_TASK = 3

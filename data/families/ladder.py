@@ -18,7 +18,7 @@ layouts, filler code, checkers, and the seeded generate-validate loop.
 Generation is seeded per task (`<seed>:<split>:<family>:<index>`), so train and held-out tasks never
 share a generator seed; and every invented identifier (function, constant, module, package, code
 word) belongs to one side by a hash of its text (`split_side`), so held-out tasks never reuse a
-name any training task used. Tasks are graded by env.tasks.grade like every other family: a hidden
+name any training task used. Tasks are graded by env.grading.grade like every other family: a hidden
 `check_answer.py` for answer rungs, the pristine tests in hidden/ for edit rungs; every candidate is
 validated (the untouched repo fails, the reference solution passes) before it is kept.
 """

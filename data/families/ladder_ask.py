@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from data.families import ladder
 from data.families.base import TaskSpec
-from env.tasks import make_patch
+from env.patch_apply import make_patch
 
 FAMILY = "ladder_ask"
 

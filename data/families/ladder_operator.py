@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from data.families import ladder
 from data.families.base import TaskSpec
 from data.mutations import enumerate_mutations
-from env.tasks import make_patch
+from env.patch_apply import make_patch
 
 FAMILY = "ladder_operator"
 

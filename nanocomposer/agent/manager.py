@@ -26,6 +26,9 @@ positive, strings within their limits, paths free of NUL and readable. A session
 other than the server's (`owner_uid`, known from the connection's peer credentials: api.py) must name a
 repository or task directory that user could read itself (`peer_can_read`, every entry), checked at submit
 and again just before staging, so the server never copies for one user what only another may read.
+
+Over 500 lines because: SessionManager (~340 lines) holds the queue, the workers, the ask_user round trips
+and the long-poll waits under one condition variable; split, that lock's invariants would span modules.
 """
 
 from __future__ import annotations
