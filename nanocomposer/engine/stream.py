@@ -40,7 +40,7 @@ class DecodeStream:
     whose cache cannot take rows one by one) is one static batch at a time in the model's own cache.
     """
 
-    def __init__(self, generator, sampling: SamplingConfig):
+    def __init__(self, generator, sampling: SamplingConfig, headroom: int | None = None):
         self.generator, self.sampling = generator, sampling
         self.padded = not generator.can_stream()
         self.queue: list[tuple[object, list[int], int]] = []
@@ -51,8 +51,9 @@ class DecodeStream:
         self.positions: torch.Tensor | None = None  # (live rows,): position id of each row's last cached token
         self.padded_length = 0  # a padded stream's next write column (a row stream's is its layers' `length`)
         # columns kept free on the left when the window must move right for a longer prompt, so that the
-        # next turns (longer by their completion and tool results) seldom move it again
-        self.headroom = max(512, 2 * sampling.max_new_tokens)
+        # next turns (longer by their completion and tool results) seldom move it again; a static batch, which
+        # nothing joins later, needs only room for its new tokens
+        self.headroom = headroom or max(512, 2 * sampling.max_new_tokens)
 
     def __len__(self) -> int:
         return len(self.rows) + len(self.queue)

@@ -144,7 +144,7 @@ class TransformersGenerator:
         """One static batch: every prompt added to a fresh stream, stepped until all finished. A request that
         failed beside others is retried alone (a failing decode step fails every row it decoded, an out-of-
         memory batch fails them all), so an exception is the result of the request that caused it."""
-        stream = DecodeStream(self, sampling)
+        stream = DecodeStream(self, sampling, headroom=sampling.max_new_tokens)  # the cache: rows x (prompt + new)
         for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
             stream.add(i, prompt, seed)
         finished: dict[int, Result] = {}
