@@ -39,17 +39,15 @@ Choices, and why:
 - Sampling is reproducible: each turn draws from its own seed, `_stable_seed(seed, episode_key, turn)`,
   where `act` uses the episode key f"{task id}#{episode number of this policy object}" (so G rollouts of
   one task through one policy differ); a batched request draws from its own `torch.Generator`, so it samples
-  the same tokens whatever else shares its batch (up to floating point: nanocomposer/engine/transformers_backend.py), and the caller's
-  global RNG (the RL trainer's) is untouched.
+  the same tokens whatever else shares its batch (up to floating point: nanocomposer/engine/), and the
+  caller's global RNG (the RL trainer's) is untouched.
 - Context: a prompt longer than `max_context - max_new_tokens` raises `ContextOverflow` (see there).
 - `backend="vllm"` (GPU): the checkpoint directory is loaded by `vllm.LLM` (vLLM's own copy of the weights,
   never torch's; the HF tokenizer still renders and decodes), and each `act_batch` is one token-in/token-out
-  `LLM.generate` call holding every request, each with its own seed, with
-  `logprobs_mode="processed_logprobs"`, so the Generation contract above holds unchanged. vLLM needs a
-  merged model: a PEFT adapter directory is refused with the merge to run. Engine memory:
-  `NANOCOMPOSER_VLLM_GPU_MEMORY` (fraction, default 0.85). The per-turn seed makes samples repeatable up to
-  GPU numerics (vLLM does not promise bitwise-equal logits across batch shapes or prefix-cache hits), and
-  they are not the transformers backend's samples. This path is tested against a fake `vllm` module on CPU
+  `LLM.generate` call (nanocomposer/engine/vllm_backend.py), so the Generation contract above holds unchanged.
+  vLLM needs a merged model: a PEFT adapter directory is refused with the merge to run. Engine memory:
+  `NANOCOMPOSER_VLLM_GPU_MEMORY` (fraction, default 0.85). Samples are repeatable up to GPU numerics, and
+  they are not the transformers backend's samples. Tested against a fake `vllm` module on CPU
   (tests/test_vllm_backend.py); it has not yet run on a GPU (runs/gpu_check.sh is the prepared check).
 """
 
