@@ -301,22 +301,28 @@ class ModelPolicy:
         """One Generation per request, in order, generated together; a request that cannot be served (its
         prompt overflows the context, its conversation does not render, its generation failed) gets the
         exception instead, and the others are still served."""
-        results: list[Generation | BaseException | None] = [None] * len(requests)
-        prompts: dict[int, list[int]] = {}
-        for i, request in enumerate(requests):
-            try:
-                prompts[i] = self.prompt_ids(request)
-            except Exception as e:  # noqa: BLE001  (this request's failure, not the batch's)
-                results[i] = e
-        order = list(prompts)
-        seeds = [self.seed_of(requests[i]) for i in order]
+        results: list = [self._prompt_or_error(request) for request in requests]
+        ready = [i for i, prompt in enumerate(results) if not isinstance(prompt, BaseException)]
+        seeds = [self.seed_of(requests[i]) for i in ready]
         with self._generating():
-            outputs = self.generator.generate([prompts[i] for i in order], seeds, self.sampling) if order else []
-        for i, output in zip(order, outputs, strict=True):
-            results[i] = output if isinstance(output, BaseException) else self._generation(prompts[i], *output)
-        for request, result in zip(requests, results, strict=True):
-            self.turn_done(request, result)
+            outputs = self.generator.generate([results[i] for i in ready], seeds, self.sampling) if ready else []
+        for i, output in zip(ready, outputs, strict=True):
+            results[i] = self._turn(requests[i], results[i], output)
         return results
+
+    def _prompt_or_error(self, request: TurnRequest) -> list[int] | BaseException:
+        """`prompt_ids(request)`, or the exception that ends this request (not the batch's) after `turn_done`."""
+        try:
+            return self.prompt_ids(request)
+        except Exception as e:  # noqa: BLE001  (this request's failure)
+            self.turn_done(request, e)
+            return e
+
+    def _turn(self, request: TurnRequest, prompt_ids: list[int], output) -> Generation | BaseException:
+        """What the generator gave `request` (a Completion or its error) as the request's result."""
+        result = output if isinstance(output, BaseException) else self._generation(prompt_ids, *output)
+        self.turn_done(request, result)
+        return result
 
     @contextlib.contextmanager
     def _generating(self):
@@ -366,11 +372,9 @@ class PolicyStream:
     def add(self, key, request: TurnRequest) -> BaseException | None:
         """Queue `request` under `key`; the exception instead when it cannot be served (it does not render, or
         overflows the context)."""
-        try:
-            prompt_ids = self.policy.prompt_ids(request)
-        except Exception as e:  # noqa: BLE001  (this request's failure)
-            self.policy.turn_done(request, e)
-            return e
+        prompt_ids = self.policy._prompt_or_error(request)
+        if isinstance(prompt_ids, BaseException):
+            return prompt_ids
         self.pending[key] = request, prompt_ids
         self.stream.add(key, prompt_ids, self.policy.seed_of(request))
         return None
@@ -380,12 +384,5 @@ class PolicyStream:
         Generation or error) of each finished one."""
         with self.policy._generating():
             finished = self.stream.step(max_steps)
-        out = []
-        for key, result in finished:
-            request, prompt_ids = self.pending.pop(key)
-            if not isinstance(result, BaseException):
-                result = self.policy._generation(prompt_ids, *result)
-            self.policy.turn_done(request, result)
-            out.append((key, result))
-        return out
+        return [(key, self.policy._turn(*self.pending.pop(key), result)) for key, result in finished]
 
