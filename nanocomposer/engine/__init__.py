@@ -13,5 +13,5 @@ log-probability of each under the distribution it was drawn from ("processed" lo
 and top-p; greedy: the raw model distribution), which TRL's importance-sampling correction expects. Each
 sequence draws from its own seed, so a request samples the same tokens whatever else is in its batch (up to
 floating point). nanocomposer.policy.ModelPolicy turns conversations into prompts and completions into
-turns.
+turns; env/scheduler.py decides when a model's turns go in (its stream, or rounds of act_batch).
 """
