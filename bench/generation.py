@@ -127,7 +127,7 @@ def agent_prompts(policy, tasks: str, count: int) -> tuple[list[list[int]], int]
 
 def run_pass(generator, prompts: list[list[int]], batch: int, sampling) -> tuple[float, list]:
     """(wall seconds, results) of generating every prompt in consecutive groups of `batch`, one call each."""
-    from nanocomposer.generation import VLLMGenerator
+    from nanocomposer.engine.vllm_backend import VLLMGenerator
 
     if isinstance(generator, VLLMGenerator):  # start each pass with an empty prefix cache
         llm = generator.engine()
@@ -142,7 +142,7 @@ def run_pass(generator, prompts: list[list[int]], batch: int, sampling) -> tuple
 
 
 def measure(policy, prompts: list[list[int]], batches: list[int], max_batch_tokens: int | None) -> list[dict]:
-    from nanocomposer.generation import TransformersGenerator
+    from nanocomposer.engine.transformers_backend import TransformersGenerator
 
     generator = policy.generator
     if isinstance(generator, TransformersGenerator):  # one group = one padded batch unless capped
@@ -198,7 +198,7 @@ def prefill_seconds(policy, prompts: list[list[int]], max_batch_tokens: int | No
     """Wall seconds of a one-at-a-time pass that generates a single token per prompt: the prefill's share."""
     import dataclasses
 
-    from nanocomposer.generation import TransformersGenerator
+    from nanocomposer.engine.transformers_backend import TransformersGenerator
 
     sampling = dataclasses.replace(policy.sampling, max_new_tokens=1)
     generator = policy.generator
@@ -211,8 +211,8 @@ def check_backends(policy, prompts: list[list[int]], vllm_results: list, device:
     """Greedy tokens of transformers vs vLLM on the same prompts (the first difference explained)."""
     import torch
 
-    from nanocomposer.generation import TransformersGenerator
-    from nanocomposer.policy import load_model_and_tokenizer
+    from nanocomposer.engine.checkpoints import load_model_and_tokenizer
+    from nanocomposer.engine.transformers_backend import TransformersGenerator
 
     model, _ = load_model_and_tokenizer(policy.name, device)
     generator = TransformersGenerator(model, policy.stop_ids)

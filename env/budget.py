@@ -76,7 +76,7 @@ def check_episode_budget(obj, where: str) -> None:
 
 
 def check_sampling(obj, where: str) -> None:
-    """Validate the sampling attributes of `obj` (a Budget or a nanocomposer.generation.SamplingConfig)."""
+    """Validate the sampling attributes of `obj` (a Budget or a nanocomposer.engine.sampling.SamplingConfig)."""
     v = {k: getattr(obj, k) for k in SAMPLING_KEYS}
     _check(where, "max_new_tokens", v["max_new_tokens"], _is_int(v["max_new_tokens"]) and v["max_new_tokens"] >= 1,
            "must be an integer >= 1")

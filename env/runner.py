@@ -6,14 +6,13 @@
 Many episodes are live at once. Their tool calls and grading run in worker threads (sandboxed commands are
 subprocesses, so threads overlap them with each other and with generation). Generation depends on the policy:
 
-- a policy with `act_batch(requests) -> list[Generation | BaseException]` (a model) is built once and shared:
-  the pending turns of every live episode that waits for one go to a single `act_batch` call on the calling
-  thread, so a GPU generates for all of them together;
-- if that policy's `open_stream()` returns a stream (continuous batching: `add(key, request)` returns None or
-  the request's error, `step()` decodes until at least one request finishes and returns `(key, Generation or
-  error)` pairs, `len()` counts the requests it holds), each turn joins the running batch as soon as its
-  episode asks and goes back to its episode as soon as it is finished: no turn waits for the longest one of
-  its batch, and its tools run while the others decode;
+- a policy with `act_batch(requests) -> list[Generation | BaseException]` (a model) is built once and shared,
+  and the turns of every live episode go through one `TurnScheduler` (env/scheduler.py, also the agent
+  server's) on the calling thread: where the policy's `open_stream()` returns a stream (continuous batching),
+  each turn joins the running batch as soon as its episode asks and goes back to its episode as soon as it is
+  finished, so no turn waits for the longest one of its batch and its tools run while the others decode;
+  otherwise every waiting turn goes to a single `act_batch` call (once no episode still runs tools, or the
+  oldest turn has waited `batch_wait_s`), so a GPU generates for all of them together;
 - any other policy (scripted: gold, noop, oracle, replay) keeps per-episode state from `reset(task)`, so each
   live episode gets its own instance from the zero-argument factory (instances are reused after an episode
   ends) and the whole episode runs in its worker thread.
@@ -64,6 +63,7 @@ from env.results import (
     rewrite_results,
     write_run_facts,
 )
+from env.scheduler import TurnScheduler
 from env.tasks import Task, load_task
 
 
@@ -175,9 +175,8 @@ class Runner:
         self.batch_wait_s = batch_wait_s
         first = make_policy()
         self.shared = first if callable(getattr(first, "act_batch", None)) else None
-        open_stream = getattr(self.shared, "open_stream", None)
-        self.stream = open_stream() if callable(open_stream) else None
-        self.streaming: dict[int, _Slot] = {}  # id(slot) -> slot, for the slots whose request is in the stream
+        self.turns = TurnScheduler(self.shared) if self.shared is not None else None
+        self.scheduled: dict[int, _Slot] = {}  # id(slot) -> slot, for the slots whose request is in `turns`
         self.free_policies = [] if self.shared is not None else [first]
         self.cancel = threading.Event()
 
@@ -257,10 +256,7 @@ class Runner:
                     self._collect(live, on_record)  # first: a finished episode's slot is refilled right away
                     while len(live) < self.concurrency and todo:  # (a job feed takes a job when asked)
                         live.append(self._launch(pool, todo.popleft()))
-                    if self.stream is not None:
-                        if self._stream_step(pool, live):
-                            continue
-                    elif self.shared is not None and self._generate(pool, live):
+                    if self.turns is not None and self._generate(pool, live):
                         continue
                     busy = [s.future for s in live if s.future is not None]
                     if busy:
@@ -301,40 +297,22 @@ class Runner:
             on_record(record, traj)
 
     def _generate(self, pool: ThreadPoolExecutor, live: list[_Slot]) -> bool:
-        """One act_batch call for every episode waiting for a turn, once none is still running tools or
-        the oldest request has waited batch_wait_s. Returns whether it generated."""
-        waiting = [s for s in live if s.request is not None]
-        if not waiting:
-            return False
-        running = any(s.future is not None for s in live)
-        if running and time.perf_counter() - min(s.waiting_since for s in waiting) < self.batch_wait_s:
-            return False
-        requests = [s.request for s in waiting]
-        try:
-            generations = list(self.shared.act_batch(requests))
-            if len(generations) != len(requests):
-                raise RuntimeError(f"act_batch returned {len(generations)} results for {len(requests)} requests")
-        except Exception as e:  # noqa: BLE001  (the whole batch failed: each episode ends with the reason)
-            generations = [e] * len(requests)
-        for slot, generation in zip(waiting, generations):
-            slot.request = None
-            slot.future = pool.submit(self._advance, slot, generation)
-        return True
-
-    def _stream_step(self, pool: ThreadPoolExecutor, live: list[_Slot]) -> bool:
-        """Every newly waiting request into the stream; then, if it holds any, decode until at least one is
-        finished and send each finished turn back to its episode. Returns whether it decoded."""
+        """Every newly waiting request into the scheduler; then one step if it holds any: a stream's at once, a
+        round (one act_batch call of every waiting request) once no episode is still running tools or the
+        oldest request has waited batch_wait_s. Each finished turn goes back to its episode. Returns whether
+        it stepped."""
         for slot in live:
-            if slot.request is not None and id(slot) not in self.streaming:
-                error = self.stream.add(id(slot), slot.request)
-                if error is None:
-                    self.streaming[id(slot)] = slot
-                else:  # this turn cannot be served: its episode goes on with the error (as with act_batch)
-                    slot.request, slot.future = None, pool.submit(self._advance, slot, error)
-        if not len(self.stream):
+            if slot.request is not None and id(slot) not in self.scheduled:
+                self.scheduled[id(slot)] = slot
+                self.turns.add(id(slot), slot.request)
+        if not len(self.turns):
             return False
-        for key, generation in self.stream.step():
-            slot = self.streaming.pop(key)
+        if not self.turns.streaming and any(s.future is not None for s in live):
+            oldest = min(s.waiting_since for s in self.scheduled.values())
+            if time.perf_counter() - oldest < self.batch_wait_s:
+                return False
+        for key, generation in self.turns.step():
+            slot = self.scheduled.pop(key)
             slot.request = None
             slot.future = pool.submit(self._advance, slot, generation)
         return True

@@ -19,7 +19,7 @@ check's), `workers` episodes at once whose pending turns are generated as one `a
 measurement the model is in eval mode with gradients off, and its mode is restored afterwards. ModelPolicy
 renders every turn from the conversation exactly as eval.py's checkpoint policy does, so an episode plays as
 eval.py would play it with a checkpoint saved at that step: the same conversation gives the same greedy turn
-(up to batch-shape floating point, nanocomposer/generation.py). Two runs of the same tasks can still part
+(up to batch-shape floating point, nanocomposer/engine/). Two runs of the same tasks can still part
 ways, here as in eval.py, where a tool result differs between runs (test timings, workspace paths): measured
 on 10 held-out ladder tasks with runs/demo-0557/sft, 6 episodes were identical to eval.py's and the other 4
 agreed turn for turn until such a tool result.

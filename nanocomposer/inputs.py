@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nanocomposer.common import first_line
 from nanocomposer.config import ConfigError
-from nanocomposer.policy import TOKENIZER_FILES
+from nanocomposer.engine.checkpoints import TOKENIZER_FILES
 
 # --------------------------------------------------------------------------- inputs
 

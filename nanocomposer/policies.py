@@ -88,7 +88,7 @@ def resolve_backend(backend: str) -> str:
 
     if not (torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None):
         return "transformers"
-    from nanocomposer.policy import BackendUnavailable, require_vllm
+    from nanocomposer.engine.vllm_backend import BackendUnavailable, require_vllm
 
     try:
         require_vllm()

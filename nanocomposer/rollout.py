@@ -74,7 +74,8 @@ from env.rewards import episode_facts
 from env.runner import TaskRef
 from env.tasks import Task, TaskError, load_task
 from env.workspace import make_workspace, remove_workspace
-from nanocomposer.generation import DEFAULT_PREFIX_CACHE_POSITIONS, Completion, TransformersGenerator
+from nanocomposer.engine.sampling import Completion, FunctionGenerator
+from nanocomposer.engine.transformers_backend import DEFAULT_PREFIX_CACHE_POSITIONS, TransformersGenerator
 from nanocomposer.policies import GENERATION_BACKENDS
 from nanocomposer.policy import END_OF_TURN, ModelPolicy, SamplingConfig
 
@@ -261,8 +262,9 @@ class VLLMRolloutPolicy(RolloutPolicy):
     def __init__(self, model, tokenizer, sampling: SamplingConfig, trainer):
         super().__init__(model, tokenizer, sampling)
         self.trainer = trainer
+        self.generator = FunctionGenerator(self._generate_on_trainer)
 
-    def _generate_batch(self, prompts: list[list[int]], seeds: list[int]) -> list[Completion | BaseException]:
+    def _generate_on_trainer(self, prompts: list[list[int]], seeds: list[int]) -> list[Completion]:
         _, completions, logprobs, _ = self.trainer.vllm_generation.generate(prompts, None, 1)
         return [Completion(list(ids), [float(lp[0]) if lp and lp[0] is not None else float("nan") for lp in lps])
                 for ids, lps in zip(completions, logprobs, strict=True)]

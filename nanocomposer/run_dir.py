@@ -9,8 +9,8 @@ from pathlib import Path
 
 from nanocomposer.common import print0
 from nanocomposer.config import ConfigError
+from nanocomposer.engine.checkpoints import WEIGHT_FILES
 from nanocomposer.inputs import file_problem, weights_problem
-from nanocomposer.policy import WEIGHT_FILES
 
 # --------------------------------------------------------------------------- run directory
 

@@ -7,12 +7,13 @@
 The agent server runs each session on a worker thread (its episode, sandbox and ask_user round trips are
 that thread's). With a policy per worker every session generated alone and every worker held its own copy of
 the model; through a SharedPolicy the workers' turns meet in one continuous batch (`ModelPolicy.open_stream`,
-the runner's `DecodeStream`): a turn joins the running batch within `admit_every` decode steps of its request
-and comes back the step its sequence stops, while the other sessions' turns decode on. Each turn is seeded
-from its request (`TurnRequest.episode_key` and `turn`) exactly as `act_batch` does, so a session samples the
-same tokens whichever sessions it shares the batch with (up to the floating-point differences of other
-batch shapes, as in the runner). A policy that cannot stream (the vLLM backend, whose engine batches one
-call's requests) is served in rounds: every request waiting when a round starts is one `act_batch` call.
+scheduled by env/scheduler.py, as the runner's turns are): a turn joins the running batch within
+`admit_every` decode steps of its request and comes back the step its sequence stops, while the other
+sessions' turns decode on. Each turn is seeded from its request (`TurnRequest.episode_key` and `turn`)
+exactly as `act_batch` does, so a session samples the same tokens whichever sessions it shares the batch
+with (up to the floating-point differences of other batch shapes, as in the runner). A policy that cannot
+stream (the vLLM backend, whose engine batches one call's requests) is served in rounds: every request
+waiting when a round starts is one `act_batch` call.
 
 A request that fails (it overflows the context, a decode step raises) gets its exception back in its own
 thread; the others are served. `close()` answers every waiting request with an error.
@@ -25,6 +26,7 @@ import threading
 from concurrent.futures import Future
 
 from env.episode import Generation, TurnRequest
+from env.scheduler import TurnScheduler
 
 DEFAULT_ADMIT_EVERY = 8  # decode steps between admissions: a new turn waits at most this many tokens to join
 
@@ -112,46 +114,13 @@ class SharedPolicy:
                 if not future.done():
                     future.set_result(SharedPolicyClosed(f"policy {self.name!r} {why} before this turn ended"))
 
-    def _open_stream(self):
-        """The policy's stream, or None (served in rounds) where it has none or cannot open one."""
-        try:
-            return self.policy.open_stream() if hasattr(self.policy, "open_stream") else None
-        except Exception:  # noqa: BLE001  (rounds of act_batch still serve every request)
-            return None
-
     def _loop(self, running: dict[int, Future]) -> None:
-        stream = self._open_stream()
+        turns = TurnScheduler(self.policy)
         while (taken := self._take(busy=bool(running))) is not None:
-            if stream is None:  # rounds: everything waiting is one act_batch call
-                if taken:
-                    self._round(taken, running)
-                continue
             for request, future in taken:
                 key = next(self._keys)
-                error = stream.add(key, request)
-                if error is not None:
-                    future.set_result(error)
-                else:
-                    running[key] = future
-            if not running:
-                continue
-            try:
-                finished = stream.step(self.admit_every)
-            except Exception as e:  # noqa: BLE001  (a broken stream fails the turns it held, not the server)
-                for future in running.values():
-                    future.set_result(e)
-                running.clear()
-                stream = self._open_stream()
-                continue
-            for key, result in finished:
-                running.pop(key).set_result(result)
-
-    def _round(self, taken: list[tuple[TurnRequest, Future]], running: dict[int, Future]) -> None:
-        keys = [next(self._keys) for _ in taken]
-        running.update(zip(keys, (future for _, future in taken)))  # answered by _serve if this round kills it
-        try:
-            results = self.policy.act_batch([request for request, _ in taken])
-        except Exception as e:  # noqa: BLE001
-            results = [e] * len(taken)
-        for key, result in zip(keys, results, strict=True):
-            running.pop(key).set_result(result)
+                running[key] = future  # answered by _serve if a step kills the thread
+                turns.add(key, request)
+            if running:
+                for key, result in turns.step(self.admit_every):
+                    running.pop(key).set_result(result)

@@ -1,4 +1,4 @@
-"""Batched transformers generation (nanocomposer/generation.py) and ModelPolicy.act_batch, on a micro checkpoint.
+"""Batched transformers generation (nanocomposer/engine/) and ModelPolicy.act_batch, on a micro checkpoint.
 
 The central property: a prompt generates the same tokens (greedy, or sampled from its own seed) and the same
 log-probs whether it runs alone or in a left-padded batch with prompts of very different lengths, and whether
@@ -18,13 +18,8 @@ from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
 from env.episode import Episode, EpisodeConfig, TurnRequest, initial_messages, load_prompts
 from env.tools import CodeTools, tool_schemas
-from nanocomposer.generation import (
-    Completion,
-    SamplingConfig,
-    TransformersGenerator,
-    length_batches,
-    run_isolated,
-)
+from nanocomposer.engine.sampling import Completion, SamplingConfig, run_isolated
+from nanocomposer.engine.transformers_backend import TransformersGenerator, length_batches
 from nanocomposer.policy import ContextOverflow, ModelPolicy, _stable_seed
 
 LENGTHS = (3, 40, 700, 1500)  # very different prompt lengths in one batch
@@ -54,8 +49,8 @@ def _count_batches(generator: TransformersGenerator) -> list[list[int]]:
     """Record the prompt lengths of every batch the generator decodes (a failed batch is retried row by row,
     which would hide a bug behind correct results: tests assert the batches they expect)."""
     calls: list[list[int]] = []
-    real_decode = generator._decode
-    generator._decode = lambda p, s, c: calls.append([len(x) for x in p]) or real_decode(p, s, c)
+    real_decode = generator.decode_batch
+    generator.decode_batch = lambda p, s, c: calls.append([len(x) for x in p]) or real_decode(p, s, c)
     return calls
 
 
@@ -428,7 +423,7 @@ def test_a_prompt_that_departs_from_the_cached_one_reuses_only_the_shared_prefix
 
 
 def test_prefix_cache_stays_within_its_positions_least_recently_used_first_out():
-    from nanocomposer.generation import PrefixCache
+    from nanocomposer.engine.prefix_cache import PrefixCache
 
     def states(n: int):
         return [(torch.zeros(1, 2, n, 4), torch.zeros(1, 2, n, 4))]

@@ -1,4 +1,4 @@
-"""Continuous batching (nanocomposer/generation.py DecodeStream) on a micro checkpoint.
+"""Continuous batching (nanocomposer/engine/stream.py DecodeStream) on a micro checkpoint.
 
 The property that matters: a sequence gets the tokens (greedy, or sampled from its own seed) and log-probs it
 gets alone, whenever it joins the running batch, whoever leaves it, and however often the stream moves its
@@ -9,7 +9,9 @@ import pytest
 import torch
 from conftest import save_micro_checkpoint
 
-from nanocomposer.generation import Completion, SamplingConfig, TransformersGenerator, plan_layout
+from nanocomposer.engine.kv_cache import plan_layout
+from nanocomposer.engine.sampling import Completion, SamplingConfig
+from nanocomposer.engine.transformers_backend import TransformersGenerator
 from nanocomposer.policy import ModelPolicy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

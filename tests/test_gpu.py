@@ -276,7 +276,8 @@ def conversation(user_text: str) -> list[dict]:
 
 
 def make_policy(checkpoint: Path, device: torch.device, dtype: torch.dtype, temperature: float, max_new_tokens=24):
-    from nanocomposer.policy import ModelPolicy, SamplingConfig, load_model_and_tokenizer
+    from nanocomposer.engine.checkpoints import load_model_and_tokenizer
+    from nanocomposer.policy import ModelPolicy, SamplingConfig
 
     model, tokenizer = load_model_and_tokenizer(checkpoint, device=str(device))
     model.to(dtype)

@@ -18,6 +18,7 @@ from env.episode import EpisodeConfig, run_episode
 from env.policies import GoldPolicy
 from env.protocol import load_chat_template, parse_turn
 from env.tools import CodeTools, tool_schemas
+from nanocomposer.engine.sampling import Completion, FunctionGenerator
 from nanocomposer.hub_standin import build_standin, qwen_tokenizer_dir
 from nanocomposer.model import template_renders_tools
 from nanocomposer.policy import (
@@ -180,9 +181,13 @@ def scripted(cls, texts, stops):
     """`cls` whose model 'samples' the canonical tokens of texts[turn] followed by stops[turn]."""
 
     class Scripted(cls):
-        def _generate(self, prompt_ids, seed):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.generator = FunctionGenerator(lambda prompts, seeds: [self.script() for _ in prompts])
+
+        def script(self) -> Completion:
             ids = self.tokenizer.encode(texts[self.turn - 1], add_special_tokens=False) + [stops[self.turn - 1]]
-            return ids, [-0.5] * len(ids)
+            return Completion(ids, [-0.5] * len(ids))
 
     return Scripted
 
@@ -246,9 +251,13 @@ def test_rl_replay_identity_with_a_random_qwen2_model(standin, calc):
     texts = [t["text"] for t in run_episode(calc, GoldPolicy(), EpisodeConfig()).turns]
 
     class Forced(RolloutPolicy):
-        def _generate(self, prompt_ids, seed):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.generator = FunctionGenerator(lambda prompts, seeds: [self.force(p) for p in prompts])
+
+        def force(self, prompt_ids) -> Completion:
             ids = self.tokenizer.encode(texts[self.turn - 1], add_special_tokens=False) + [IM_END]
-            return ids, model_logprobs(model, prompt_ids + ids, len(prompt_ids))
+            return Completion(ids, model_logprobs(model, prompt_ids + ids, len(prompt_ids)))
 
     forced = run_episode(calc, Forced(model, sft, SamplingConfig(max_new_tokens=512)), EpisodeConfig())
     assert len(forced.turns) >= 3 and forced.solved

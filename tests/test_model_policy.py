@@ -22,15 +22,9 @@ from tokenizers import AddedToken
 from env.episode import EpisodeConfig, ExitStatus, initial_messages, load_prompts, run_episode
 from env.protocol import format_assistant_turn
 from env.tools import CodeTools, tool_schemas
+from nanocomposer.engine.checkpoints import ModelLoadError, is_model_dir, load_model_and_tokenizer
 from nanocomposer.model import IM_END, build_model, build_tokenizer
-from nanocomposer.policy import (
-    ContextOverflow,
-    ModelLoadError,
-    ModelPolicy,
-    SamplingConfig,
-    is_model_dir,
-    load_model_and_tokenizer,
-)
+from nanocomposer.policy import ContextOverflow, ModelPolicy, SamplingConfig
 
 CONTEXT = 4096  # a first prompt (system, tools, task) is ~1,000 tokens with a 512-token vocabulary
 STDLIB_FILES = ("json/encoder.py", "json/decoder.py", "textwrap.py", "shlex.py")
@@ -378,7 +372,7 @@ def test_sampling_config_rejects_bad_values(kwargs, says):
 
 def test_uncached_hub_id_fails_clearly_offline(monkeypatch):
     from env.policies import is_checkpoint_spec
-    from nanocomposer.policy import ModelLoadError, load_model_and_tokenizer
+    from nanocomposer.engine.checkpoints import ModelLoadError, load_model_and_tokenizer
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert is_checkpoint_spec("Qwen/Qwen2.5-Coder-1.5B-Instruct") and not is_checkpoint_spec("gpt-9")

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from env.episode import EpisodeConfig, Trajectory, run_episode
 from env.policies import GoldPolicy
 from env.tasks import TaskError
+from nanocomposer.engine.sampling import Completion, FunctionGenerator
 from nanocomposer.model import build_model, build_tokenizer
 from nanocomposer.policy import MESSAGE_KEYS, ModelPolicy, SamplingConfig
 from nanocomposer.rollout import (
@@ -75,9 +76,13 @@ def scripted(cls, texts):
     """`cls` (a ModelPolicy) whose model 'samples' the canonical tokens of `texts`, one per turn."""
 
     class Scripted(cls):
-        def _generate(self, prompt_ids, seed):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.generator = FunctionGenerator(lambda prompts, seeds: [self.script() for _ in prompts])
+
+        def script(self) -> Completion:
             ids = self.tokenizer.encode(texts[self.turn - 1], add_special_tokens=False) + [self.tokenizer.eos_token_id]
-            return ids, [-0.5] * len(ids)
+            return Completion(ids, [-0.5] * len(ids))
 
     return Scripted
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from nanocomposer.generation import SamplingConfig, TransformersGenerator
+from nanocomposer.engine.sampling import SamplingConfig
+from nanocomposer.engine.transformers_backend import TransformersGenerator
 from nanocomposer.smeared_llama import SmearedKeyLlamaConfig, SmearedKeyLlamaForCausalLM, previous_key_visible
 
 SIZES = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,

@@ -39,7 +39,10 @@ from env.episode import EpisodeConfig, ExitStatus, TurnRequest, initial_messages
 from env.protocol import format_assistant_turn
 from env.tools import CodeTools, tool_schemas
 from nanocomposer import policy as policy_module
-from nanocomposer.policy import BackendUnavailable, ModelLoadError, ModelPolicy, SamplingConfig
+from nanocomposer.engine import checkpoints, vllm_backend
+from nanocomposer.engine.checkpoints import ModelLoadError
+from nanocomposer.engine.vllm_backend import BackendUnavailable
+from nanocomposer.policy import ModelPolicy, SamplingConfig
 
 CONTEXT = 4096
 SUBMIT_TURN = format_assistant_turn(None, [("submit", {"summary": "done"})])
@@ -185,7 +188,7 @@ def fake_vllm(monkeypatch) -> FakeVLLM:
     fake = FakeVLLM()
     monkeypatch.setitem(sys.modules, "vllm", fake.module)
     monkeypatch.setitem(sys.modules, "vllm.inputs", fake.module.inputs)
-    monkeypatch.delenv(policy_module.VLLM_GPU_MEMORY_ENV, raising=False)
+    monkeypatch.delenv(vllm_backend.VLLM_GPU_MEMORY_ENV, raising=False)
     return fake
 
 
@@ -204,8 +207,8 @@ def no_torch_weights(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the vllm backend loaded torch weights")
 
-    monkeypatch.setattr(policy_module, "_load_weights", refuse)
-    monkeypatch.setattr(policy_module, "_load_adapter", refuse)
+    monkeypatch.setattr(checkpoints, "_load_weights", refuse)
+    monkeypatch.setattr(checkpoints, "_load_adapter", refuse)
 
 
 # --------------------------------------------------------------------------- a micro checkpoint
@@ -323,12 +326,12 @@ def test_context_overflow_is_checked_before_vllm(fake_vllm, checkpoint, calc_tas
 
 
 def test_gpu_memory_share_from_env_and_argument(fake_vllm, checkpoint, monkeypatch):
-    monkeypatch.setenv(policy_module.VLLM_GPU_MEMORY_ENV, "0.5")
+    monkeypatch.setenv(vllm_backend.VLLM_GPU_MEMORY_ENV, "0.5")
     ModelPolicy(checkpoint, backend="vllm")
     ModelPolicy(checkpoint, backend="vllm", vllm_gpu_memory=0.3)
     assert [e["gpu_memory_utilization"] for e in fake_vllm.engines] == [0.5, 0.3]
     for raw, says in [("lots", "not a number"), ("1.5", "in (0, 1]")]:
-        monkeypatch.setenv(policy_module.VLLM_GPU_MEMORY_ENV, raw)
+        monkeypatch.setenv(vllm_backend.VLLM_GPU_MEMORY_ENV, raw)
         with pytest.raises(ValueError, match=r"NANOCOMPOSER_VLLM_GPU_MEMORY.*" + says.replace("(", r"\(")):
             ModelPolicy(checkpoint, backend="vllm")
 
@@ -443,7 +446,8 @@ def test_a_request_over_the_context_fails_alone(fake_vllm, checkpoint, calc_task
 
 
 def test_generator_isolates_a_prompt_the_engine_rejects(fake_vllm):
-    from nanocomposer.generation import Completion, VLLMGenerator
+    from nanocomposer.engine.sampling import Completion
+    from nanocomposer.engine.vllm_backend import VLLMGenerator
 
     llm = fake_vllm.module.LLM("m", max_model_len=50)
     fake_vllm.respond = _seed_response
