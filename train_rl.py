@@ -47,11 +47,11 @@ from nanocomposer.policy import SamplingConfig
 from nanocomposer.rollout import (
     AgentRollout,
     RolloutConfig,
-    RolloutError,
     advantage_shares,
     resolve_training_tasks,
     task_prompt_dataset,
 )
+from nanocomposer.rollout_tokens import RolloutError
 from nanocomposer.run_dir import prepare_output_dir
 from nanocomposer.run_record import finish_wandb, start_stage_run, write_model_card
 

@@ -25,7 +25,7 @@ Sampling: the run's temperature, top_p and max_new_tokens are sent (`max_tokens`
 (the run's seed, the episode key, the turn) as our checkpoints derive theirs (servers that honour it repeat).
 Token counts come from the response's `usage`. The tokens are not ours (another tokenizer, no ids, no
 logprobs): every turn's meta says so (`foreign_tokens`: the endpoint), RL refuses such trajectories with one
-line (nanocomposer.rollout), and SFT export may use them (data/build_sft.py reads only text and calls).
+line (nanocomposer.rollout_tokens), and SFT export may use them (data/build_sft.py reads only text and calls).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from nanocomposer.policy import (
     ensure_tool_template,
     stop_token_ids,
 )
-from nanocomposer.rollout import RolloutPolicy, episode_sample
+from nanocomposer.rollout_tokens import RolloutPolicy, episode_sample
 from tests.conftest import make_calc_task
 
 pytestmark = [pytest.mark.skipif(qwen_tokenizer_dir() is None,

@@ -159,7 +159,7 @@ def test_server_down_is_a_policy_error_not_a_crash(tmp_path):
 
 def test_rl_refuses_foreign_tokens_and_sft_export_takes_them(tmp_path):
     from data.build_sft import sft_messages
-    from nanocomposer.rollout import RolloutError, episode_sample
+    from nanocomposer.rollout_tokens import RolloutError, episode_sample
 
     with FakeOpenAI(solver("tools")) as fake:
         (record,) = play(f"openai:m@{fake.url}?mode=tools", [make_calc_task(tmp_path)], token_ids=True)

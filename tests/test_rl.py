@@ -30,16 +30,14 @@ from nanocomposer.rollout import (
     AgentRollout,
     EpisodeResult,
     RolloutConfig,
-    RolloutError,
-    RolloutPolicy,
     advantage_shares,
-    episode_sample,
     make_rollout_policy,
     play_episodes,
     prompt_key,
     resolve_training_tasks,
     task_prompt_dataset,
 )
+from nanocomposer.rollout_tokens import RolloutError, RolloutPolicy, episode_sample
 from tests.conftest import ROOT, harness_leftovers, make_calc_task
 
 STDLIB_FILES = ("json/encoder.py", "json/decoder.py", "textwrap.py", "shlex.py")

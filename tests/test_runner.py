@@ -349,11 +349,11 @@ def test_signals_after_the_first_do_not_cut_the_stop_short(sig):
     # Ctrl-C twice; a second KeyboardInterrupt raised inside the stop would skip the cleanup (workspaces left
     # mounted)
     script = ("import os, signal, time\n"
-              "from env.runner import _StopSignals\n"
+              "from env.processes import StopSignals\n"
               "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               f"sig = signal.{sig}\n"
               "try:\n"
-              "    with _StopSignals():\n"
+              "    with StopSignals():\n"
               "        try:\n"
               "            os.kill(os.getpid(), sig); time.sleep(30)\n"
               "        except KeyboardInterrupt:\n"
@@ -364,7 +364,7 @@ def test_signals_after_the_first_do_not_cut_the_stop_short(sig):
               "    print('stopped by', e)\n"
               "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored\n"
               "signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a worker process: its parent decides\n"
-              "with _StopSignals():\n"
+              "with StopSignals():\n"
               "    os.kill(os.getpid(), signal.SIGINT); time.sleep(0.5)\n"
               "print('ignored stays ignored')\n")
     done = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)

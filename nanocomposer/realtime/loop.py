@@ -285,7 +285,7 @@ class Loop:
 
     def phase_update(self) -> None:
         from nanocomposer.realtime.update import session_samples, train_candidate
-        from nanocomposer.rollout import RolloutError
+        from nanocomposer.rollout_tokens import RolloutError
 
         a, s = self.args, self.state
         name = f"v{s.cycle}"

@@ -52,7 +52,7 @@ import torch
 from trl import GRPOTrainer
 
 from env.episode import Trajectory
-from nanocomposer.rollout import RolloutError, episode_sample, refuse_foreign
+from nanocomposer.rollout_tokens import RolloutError, episode_sample, refuse_foreign
 
 GROUP_PREFIX = "realtime group "
 
