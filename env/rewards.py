@@ -30,7 +30,7 @@ import functools
 import re
 from collections.abc import Callable
 
-from env.metrics import independent_reads, is_parallel_turn, runs_tests
+from env.metrics import independent_reads, is_parallel_turn, ran_tests_before_submit, runs_tests
 
 TEST_FILE = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.py$|conftest\.py$)")
 TOKEN_LIMIT_EXITS = {"max_tokens", "max_context"}  # the episode was cut by a token limit, not ended by the model
@@ -61,8 +61,7 @@ def episode_facts(episode, *, max_turns: int, token_budget: int, max_wall_s: flo
     valid = [c for turn in turns for c in turn["calls"] if not c["malformed"]]
     calling_turns = [turn["calls"] for turn in turns if turn["calls"]]
     edits = [c for c in valid if c["name"] == "edit_file"]
-    test_runs = [i for i, c in enumerate(valid) if runs_tests(c)]
-    submits = [i for i, c in enumerate(valid) if c["name"] == "submit"]
+    submitted = any(c["name"] == "submit" for c in valid)
     return {
         "task_id": record["id"],
         "exit_status": record["exit_status"],
@@ -84,9 +83,9 @@ def episode_facts(episode, *, max_turns: int, token_budget: int, max_wall_s: flo
         "ask_user_calls": sum(c["name"] == "ask_user" for c in valid),
         "test_files_touched": len({c["arguments"].get("path") for c in edits
                                    if TEST_FILE.search(str(c["arguments"].get("path", "")))}),
-        "ran_tests": bool(test_runs),
-        "submitted": bool(submits),
-        "submit_without_test_run": bool(submits) and not any(i < submits[0] for i in test_runs),
+        "ran_tests": any(runs_tests(c) for c in valid),
+        "submitted": submitted,
+        "submit_without_test_run": ran_tests_before_submit([turn["calls"] for turn in turns]) is False,
         "truncated": any(turn["truncated"] for turn in turns) or record["exit_status"] in TOKEN_LIMIT_EXITS,
         "lint_new_errors": lint_new_errors,
         "dropped": False,  # set by the rollout under malformed_handling="drop"
