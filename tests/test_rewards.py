@@ -124,3 +124,15 @@ def test_facts_track_the_behaviours_the_monitors_report():
     assert f["test_files_touched"] == 1 and f["edits"] == 1 and f["submit_without_test_run"]
     g = facts([turn(call("run", {"command": "python -m pytest -q"})), turn(SUBMIT)])
     assert g["ran_tests"] and not g["submit_without_test_run"]
+
+
+@pytest.mark.parametrize("turns, ran, without", [
+    ([turn(call("run_tests", {})), turn(call("submit", {"summary": "s"}))], True, False),
+    ([turn(call("run", {"command": "python -m pytest -q"}), call("submit", {"summary": "s"}))], True, False),
+    ([turn(call("submit", {"summary": "s"})), turn(call("run_tests", {}))], True, True),
+    ([turn(call("run_tests", {}, malformed=True)), turn(call("submit", {"summary": "s"}))], False, True),
+    ([turn(call("read_file", {"path": "a.py"}))], False, False),  # never submitted: not "without a test run"
+])
+def test_test_runs_before_submit_follow_the_metrics_definition(turns, ran, without):
+    f = facts(turns)
+    assert (f["ran_tests"], f["submit_without_test_run"]) == (ran, without)
