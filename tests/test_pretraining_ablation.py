@@ -47,7 +47,7 @@ def run_ablation(root: Path, status: int = 0, script: str = "runs/pretraining_ab
 
 def fake_checkout(root: Path) -> None:
     (root / "runs").mkdir()
-    for script in ("pretraining_ablation.sh", "edge_screen.sh", "tiny_long.sh", "stages.sh"):
+    for script in ("pretraining_ablation.sh", "edge_screen.sh", "tiny_long.sh", "stages.sh", "rl_arm.sh"):
         shutil.copy(ROOT / "runs" / script, root / "runs")
     (root / "fake_py").write_text(FAKE_PY)
     (root / "fake_py").chmod(0o755)
@@ -121,3 +121,30 @@ def test_tiny_long_keeps_the_stage_times_of_a_run_that_fails(tmp_path):
     _, calls = run_ablation(tmp_path, status=2, script="runs/tiny_long.sh", RUN="long", BROKEN="long")
     assert not [c for c in calls if c.startswith("train_rl.py") or "--compare" in c]
     assert stage_times(tmp_path, "long") == ["corpora", "tasks", "oracle", "base", "cpt", "sft", "edge"]
+
+
+def test_rl_arm_screens_once_per_sft_model_trains_with_its_seed_and_reuses_sft_episodes(tmp_path):
+    fake_checkout(tmp_path)
+    _, calls = run_ablation(tmp_path, status=2, script="runs/rl_arm.sh", SFT_RUN="s")
+    assert calls == []  # no SFT run: refused before anything plays
+    (tmp_path / "runs/s/sft").mkdir(parents=True)
+    (tmp_path / "runs/s/eval/s__sft").mkdir(parents=True)
+    (tmp_path / "runs/s/eval/s__sft/results.json").write_text("{}")
+    (tmp_path / "runs/s/eval/s__sft/results.episodes.jsonl").write_text("sft\n")
+
+    out, calls = run_ablation(tmp_path, script="runs/rl_arm.sh", SFT_RUN="s", SEED="2", GREEDY_FILTER="0",
+                              EDGE_TASKS="9", NO_EDGE="")
+    screens = [c for c in calls if c.startswith("eval.py") and "--policy runs/s/sft" in c]
+    assert len(screens) == 1 and "--samples 4 --temperature 1" in screens[0]  # no greedy pass without the filter
+    assert "--limit 9" in screens[0] and "--output runs/s/edge/results.json" in screens[0]
+    select = next(c for c in calls if "data.select_edge_tasks" in c)
+    assert "--unsolved-by" not in select and "--out runs/s-rl-s2/edge/tasks" in select
+    rl = next(c for c in calls if c.startswith("train_rl.py"))
+    assert "--seed 2" in rl and "--tasks_dir runs/s-rl-s2/edge/tasks" in rl and "--model_name_or_path runs/s/sft" in rl
+    assert "--compare runs/s/sft runs/s-rl-s2/rl" in calls[-1]
+    assert (tmp_path / "runs/s-rl-s2/eval/s__sft/results.episodes.jsonl").read_text() == "sft\n"
+    assert stage_times(tmp_path, "s-rl-s2") == ["edge", "rl", "eval"] and "table" in out
+
+    _, calls = run_ablation(tmp_path, script="runs/rl_arm.sh", SFT_RUN="s", RUN="arm", NO_EDGE="")
+    select = next(c for c in calls if "data.select_edge_tasks" in c)
+    assert "--unsolved-by runs/s/edge/greedy.json" in select  # the filter is on by default
