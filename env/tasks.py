@@ -21,8 +21,8 @@ resolve outside repo/ through a symlink, binary or symlink changes (edit_file ca
 not a small UTF-8 JSON object with the documented types. `load_task_set` loads the good tasks of a set and lists the
 bad ones with their reasons (`TaskList.invalid`), so one broken task costs one record, not the run.
 
-`write_task` writes a task directory (its gold.patch made by env/patch_apply.py's `make_patch`), and
-`apply_patch` applies a task's patch to a workspace (TaskError when it cannot). Grading: env/grading.py.
+`write_task` writes a task directory (its gold.patch made by env/patch_apply.py's `make_patch`);
+env/patch_apply.py's `apply_patch` applies one. Grading: env/grading.py.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from env import patch_apply, patch_paths, patches
+from env import patch_paths, patches
 from env.patch_paths import shown
 
 log = logging.getLogger(__name__)
@@ -383,17 +383,6 @@ def write_task(dest: Path, *, id: str, instruction: str, test_command: str, repo
     if gold_patch:
         (dest / "gold.patch").write_text(gold_patch)
     return dest
-
-
-def apply_patch(workspace: Path, patch: str) -> None:
-    """Apply a unified diff (`patch -p1` names) inside `workspace` with env/patch_apply.py (env/patches.py, the
-    one diff parser, reads it); TaskError naming the problem if it is malformed, names a path outside `workspace` (absolute, `..`, or
-    through a symlink in it, checked as each file is read and written) or does not apply. When a hunk does
-    not match, nothing is written."""
-    try:
-        patch_apply.apply_patch(Path(workspace), patch)
-    except patch_paths.PatchError as e:
-        raise TaskError(f"refusing to apply the patch in {workspace}: {e}") from None
 
 
 def spread_subset(items: list, n: int) -> list:

@@ -24,7 +24,8 @@ from data.families.base import MICRO_MAX_CHARS, SourceProject, load_projects, pa
 from data.families.fix_lint import INJECTORS, SIDE_EFFECT_CODES, ruff_diagnostics
 from data.families.locate import checker_source
 from env.grading import grade
-from env.tasks import Task, apply_patch, load_task, load_task_set
+from env.patch_apply import apply_patch
+from env.tasks import Task, load_task, load_task_set
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECTS = ROOT / "data" / "projects"

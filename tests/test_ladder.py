@@ -23,7 +23,8 @@ from data.grounding import trajectory_report
 from data.oracle import OraclePolicy
 from env.episode import run_episode
 from env.grading import grade
-from env.tasks import apply_patch, load_task_set
+from env.patch_apply import apply_patch
+from env.tasks import load_task_set
 
 RUNGS = {m.FAMILY: m for m in (ladder_copy, ladder_locate, ladder_edit, ladder_ask, ladder_constant, ladder_operator)}
 

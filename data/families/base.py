@@ -23,7 +23,8 @@ from pathlib import Path
 
 from data import pyast
 from env.grading import Grade, grade
-from env.tasks import apply_patch, load_task, write_task
+from env.patch_apply import apply_patch
+from env.tasks import load_task, write_task
 
 MICRO_PREFIX = "micro_"
 # whole visible repo of a micro task (module + its tests): about 900 tokens, so the module, a test run's
