@@ -354,7 +354,7 @@ def test_one_cycle_end_to_end_killed_mid_cycle_resumes_on_policy_without_double_
     assert leftover.stdout == "", "an agent server outlived its loop"  # the killed run's too (PDEATHSIG)
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny_long", "gpu"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny_long", "smol", "gpu"])
 def test_recipes_parse(preset):
     import realtime_rl
 
