@@ -7,7 +7,8 @@
 # $SFT_RUN-rl-s$SEED), SEED (GRPO's seed: sampling and data order; default 1), RL_STEPS (default 24),
 # EDGE_TASKS (train tasks screened; default 48), GREEDY_FILTER (1: keep only edge tasks the greedy SFT model
 # never solves, as runs/smol_long.sh does; 0: every task whose sampled pass rate is strictly between 0 and 1),
-# EVAL_LIMIT (default 300), EVAL_WORKERS (default 16).
+# EVAL_LIMIT (default 300), EVAL_WORKERS (default 16), RL_ARGS (more train_rl.py flags, for an ablation arm:
+# RL_ARGS="--malformed_handling drop" trains with malformed calls dropped from the loss).
 # The screen's episodes are kept in runs/$SFT_RUN/edge (one screen per SFT model; a wider screen resumes it),
 # the chosen tasks in runs/$RUN/edge/tasks.
 set -euo pipefail
@@ -32,8 +33,9 @@ EVAL_CONFIG=recipes/smol/eval.yaml GREEDY_FILTER=$GREEDY_FILTER PY=$PY bash runs
 [ "$status" = 0 ] || exit "$status"
 
 stage rl "3b. GRPO from $SFT, seed $SEED ($RL_STEPS steps) -> runs/$RUN/rl"
+# shellcheck disable=SC2086  # RL_ARGS is a list of flags
 $PY train_rl.py --config recipes/smol/rl.yaml --run "$RUN" --model_name_or_path "$SFT" \
-  --tasks_dir "runs/$RUN/edge/tasks" --max_steps "$RL_STEPS" --seed "$SEED"
+  --tasks_dir "runs/$RUN/edge/tasks" --max_steps "$RL_STEPS" --seed "$SEED" ${RL_ARGS:-}
 
 stage eval "4. eval: SFT vs RL on $EVAL_LIMIT held-out ladder tasks (test split; SFT's episodes reused)"
 # eval.py --compare looks for each policy's results at <out-dir>/<slug of its path's last two parts>/results.json

@@ -145,6 +145,8 @@ def test_rl_arm_screens_once_per_sft_model_trains_with_its_seed_and_reuses_sft_e
     assert (tmp_path / "runs/s-rl-s2/eval/s__sft/results.episodes.jsonl").read_text() == "sft\n"
     assert stage_times(tmp_path, "s-rl-s2") == ["edge", "rl", "eval"] and "table" in out
 
-    _, calls = run_ablation(tmp_path, script="runs/rl_arm.sh", SFT_RUN="s", RUN="arm", NO_EDGE="")
+    _, calls = run_ablation(tmp_path, script="runs/rl_arm.sh", SFT_RUN="s", RUN="arm", NO_EDGE="",
+                            RL_ARGS="--malformed_handling drop")
     select = next(c for c in calls if "data.select_edge_tasks" in c)
     assert "--unsolved-by runs/s/edge/greedy.json" in select  # the filter is on by default
+    assert next(c for c in calls if c.startswith("train_rl.py")).endswith("--seed 1 --malformed_handling drop")
