@@ -43,50 +43,44 @@ def fail(message: str) -> int:
     return EXIT_ERROR
 
 
+# Budget fields -> (type, help) of the flag that sets each one: `--` and the field with `-` for `_` (every field of
+# Budget; the wall clock's flag is the subcommand's).
+EPISODE_FLAGS = {
+    "max_turns": (int, "turns per session (default: %(default)s)"),
+    "max_tokens": (int, "completion tokens per session, checkpoint policies (default: no cap)"),
+    "max_new_tokens": (int, "tokens generated per turn, checkpoint policies (default: %(default)s)"),
+    "max_context": (int, "context window in tokens, checkpoint policies (default: the model's)"),
+    "max_malformed_turns": (int, ("consecutive turns with malformed calls (and no valid one) that end the "
+                                  "session (default: %(default)s)")),
+    "max_output_chars": (int, ("characters per tool result shown to the model, head and tail kept "
+                               "(default: %(default)s)")),
+    "command_timeout_s": (float, "seconds per sandboxed command (default: %(default)s)"),
+    "temperature": (float, "sampling temperature, checkpoint policies; 0 = greedy (default: %(default)s)"),
+    "top_p": (float, "nucleus sampling in (0, 1], checkpoint policies; 1 = off (default: %(default)s)"),
+    "seed": (int, ("sampling seed (>= 0): each turn samples with a seed derived from it, the session's sample "
+                   "key and the turn, so the same seed and session sample the same tokens; also the oracle's "
+                   "scripted variety (default: %(default)s)")),
+}
+
+# Budget keys -> the flags that set them, so a bad value's error names the flag the user typed.
+BUDGET_FLAGS = {key: "--" + key.replace("_", "-") for key in EPISODE_FLAGS}
+
+
 def _episode_args(p: argparse.ArgumentParser) -> None:
     # Defaults come from env/budget.py's Budget (the one source of budgets and sampling settings); the flags
     # are checked by Budget too (`_budget`), so a bad value is the same one-line error here as in every stage.
-    p.add_argument("--max-turns", type=int, default=Budget.max_turns, help="turns per session (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=Budget.max_tokens,
-                   help="completion tokens per session, checkpoint policies (default: no cap)")
-    p.add_argument("--max-new-tokens", type=int, default=Budget.max_new_tokens,
-                   help="tokens generated per turn, checkpoint policies (default: %(default)s)")
-    p.add_argument("--max-context", type=int, default=Budget.max_context,
-                   help="context window in tokens, checkpoint policies (default: the model's)")
-    p.add_argument("--max-malformed-turns", type=int, default=Budget.max_malformed_turns,
-                   help="consecutive turns with malformed calls (and no valid one) that end the session "
-                        "(default: %(default)s)")
-    p.add_argument("--max-output-chars", type=int, default=Budget.max_output_chars,
-                   help="characters per tool result shown to the model, head and tail kept (default: %(default)s)")
-    p.add_argument("--command-timeout-s", type=float, default=Budget.command_timeout_s,
-                   help="seconds per sandboxed command (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=Budget.temperature,
-                   help="sampling temperature, checkpoint policies; 0 = greedy (default: %(default)s)")
-    p.add_argument("--top-p", type=float, default=Budget.top_p,
-                   help="nucleus sampling in (0, 1], checkpoint policies; 1 = off (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=Budget.seed,
-                   help="sampling seed (>= 0): each turn samples with a seed derived from it, the session's sample "
-                        "key and the turn, so the same seed and session sample the same tokens; also the oracle's "
-                        "scripted variety (default: %(default)s)")
+    for key, (kind, help_text) in EPISODE_FLAGS.items():
+        p.add_argument(BUDGET_FLAGS[key], type=kind, default=getattr(Budget, key), help=help_text)
     p.add_argument("--backend", default="auto", choices=POLICY_BACKENDS)
     p.add_argument("--registry", default=str(DEFAULT_HOME / "registry"),
                    help="model registry (versions/<name>/ + current); the default model is its current version")
-
-
-# Budget keys -> the flags that set them (every field of Budget; the wall clock's flag is the subcommand's), so a
-# bad value's error names the flag the user typed.
-BUDGET_FLAGS = {"max_turns": "--max-turns", "max_tokens": "--max-tokens", "max_new_tokens": "--max-new-tokens",
-                "max_context": "--max-context", "max_malformed_turns": "--max-malformed-turns",
-                "max_output_chars": "--max-output-chars", "command_timeout_s": "--command-timeout-s",
-                "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed"}
 
 
 def _budget(args, wall_s: float, wall_flag: str) -> Budget:
     """The Budget the flags describe, validated by Budget; a bad value is a ValueError naming its flag."""
     flags = {**BUDGET_FLAGS, "max_wall_s": wall_flag}
     try:
-        return Budget(max_wall_s=wall_s, **{key: getattr(args, flag[2:].replace("-", "_"))
-                                            for key, flag in BUDGET_FLAGS.items()})
+        return Budget(max_wall_s=wall_s, **{key: getattr(args, key) for key in EPISODE_FLAGS})
     except BudgetError as e:  # "budget: top_p=1.5: must be in (0, 1]"
         if e.key in flags:
             raise ValueError(f"{flags[e.key]} {e.value!r}: {e.problem}") from None

@@ -140,12 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.write_patch:
             print(f"wrote {write_start_patch(SAMPLES_DIR / args.write_patch)}")
-            return 0
-        built = build_samples(force=args.force)
+        else:
+            built = build_samples(force=args.force)
+            print(f"sample repos: {len(built)} built ({', '.join(built) or 'all up to date'})")
     except SampleBuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"sample repos: {len(built)} built ({', '.join(built) or 'all up to date'})")
     return 0
 
 

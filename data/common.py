@@ -14,7 +14,7 @@ import random
 import re
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import Distribution
 from pathlib import Path
@@ -264,19 +264,19 @@ def spdx_expression_is_permissive(expression: str) -> bool | None:
             take()  # the exception id
         return is_permissive_id(token.removesuffix("+"))
 
-    def conjunction() -> bool:
-        value = atom()
-        while peek() is not None and peek().upper() == "AND":
+    def operands(word: str, operand: Callable[[], bool]) -> list[bool]:
+        """`operand (word operand)*`: every operand's value, each one parsed."""
+        values = [operand()]
+        while peek() is not None and peek().upper() == word:
             take()
-            value = atom() and value
-        return value
+            values.append(operand())
+        return values
+
+    def conjunction() -> bool:
+        return all(operands("AND", atom))
 
     def disjunction() -> bool:
-        value = conjunction()
-        while peek() is not None and peek().upper() == "OR":
-            take()
-            value = conjunction() or value
-        return value
+        return any(operands("OR", conjunction))
 
     try:
         value = disjunction()

@@ -2,6 +2,7 @@
 
     path_problem(rel)               why a path named by a patch is unacceptable, or None
     resolve_inside(root, rel)       `rel` resolved inside `root` now (every symlink followed), or PatchError
+    open_regular(path, what, ...)   a regular file opened for reading (the final component never followed)
     read_regular(path, what)        a regular file's bytes (the final component never followed), bounded
     read_text_inside(root, rel)     a file's text, read through resolve_inside
 
@@ -18,7 +19,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a file a patch reads or writes; beyond it is not a source file
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -78,19 +81,30 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
     return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
 
 
+def open_regular(path: Path, what: str, error: Callable[[str], Exception],
+                 detail: Callable[[OSError], str]) -> BinaryIO:
+    """The regular file at `path` opened for reading in binary: the final component not followed, no blocking
+    on a FIFO, no controlling terminal taken, and the file type checked on the descriptor, not only by name.
+    Anything else raises the caller's `error`: "<what> cannot be read<detail(the OSError)>" or "<what> is not a
+    regular file"."""
+    try:
+        fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        raise error(f"{what} cannot be read{detail(e)}") from None
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise error(f"{what} is not a regular file")
+    return f
+
+
 def read_regular(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of the regular file at `path` (a resolved path; the final component is not followed), at most
     `limit` of them; PatchError naming `what` for anything else (a symlink, FIFO, device, a bigger file)."""
-    try:
-        fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise PatchError(f"{what} cannot be read ({type(e).__name__})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise PatchError(f"{what} is not a regular file")
-        if st.st_size > limit:
-            raise PatchError(f"{what} is {st.st_size} bytes; at most {limit}")
+    with open_regular(path, what, PatchError, lambda e: f" ({type(e).__name__})") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise PatchError(f"{what} is {size} bytes; at most {limit}")
         return f.read(limit + 1)
 
 

@@ -40,6 +40,7 @@ import typing
 from collections.abc import Callable
 from pathlib import Path
 
+from env.patch_paths import open_regular
 from env.protocol import MalformedCall, preview, utf8_clean, validate_call
 from env.sandbox import Sandbox, SandboxClosed
 from env.tasks import Task, walk_tree
@@ -466,14 +467,7 @@ class CodeTools:
         """The bytes of the regular file `path` (at most MAX_READ_BYTES), read without following a final
         symlink and without blocking on a FIFO (checked on the open descriptor, not only by name)."""
         file = file or self._file(path)
-        try:
-            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-        except OSError as e:
-            raise ToolError(f"{path} cannot be read: {e.strerror or e}") from None
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ToolError(f"{path} is not a regular file")
+        with open_regular(file, path, ToolError, lambda e: f": {e.strerror or e}") as f:
             data = f.read(MAX_READ_BYTES + 1)
         if len(data) > MAX_READ_BYTES:
             raise ToolError(f"{path} is over {MAX_READ_BYTES} bytes; files that large are not read "

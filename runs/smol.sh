@@ -23,15 +23,7 @@ else
   SIZE=small BUDGET=recipes/smol/budget.yaml SFT_VERIFY=artifacts/base bash runs/data.sh
 fi
 
-stage cpt "1. continued pretraining -> runs/$RUN/cpt"
-$PY train_cpt.py --config recipes/smol/cpt.yaml --run "$RUN"
-
-stage sft "2. tool-call SFT -> runs/$RUN/sft"
-$PY train_sft.py --config recipes/smol/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt" \
-  --check_tasks artifacts/data/tasks/val
-
-stage rl "3. GRPO in the harness -> runs/$RUN/rl"
-$PY train_rl.py --config recipes/smol/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft"
+train_chain smol  # stages cpt, sft, rl (runs/stages.sh)
 
 stage eval "4. eval: SFT vs RL on $EVAL_LIMIT held-out test tasks (projects and ladder seeds never trained on)"
 $PY eval.py --config recipes/smol/eval.yaml --compare "runs/$RUN/sft" "runs/$RUN/rl" --limit "$EVAL_LIMIT" \

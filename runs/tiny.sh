@@ -18,15 +18,7 @@ SIZE=small BUDGET=recipes/tiny/budget.yaml bash runs/data.sh
 stage base "base: tokenizer trained on the code mix + a small Llama, random init"
 $PY -m nanocomposer.model build --out artifacts/base --corpus artifacts/data/corpus
 
-stage cpt "1. continued pretraining -> runs/$RUN/cpt"
-$PY train_cpt.py --config recipes/tiny/cpt.yaml --run "$RUN"
-
-stage sft "2. tool-call SFT -> runs/$RUN/sft"
-$PY train_sft.py --config recipes/tiny/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt" \
-  --check_tasks artifacts/data/tasks/val
-
-stage rl "3. GRPO in the harness -> runs/$RUN/rl"
-$PY train_rl.py --config recipes/tiny/rl.yaml --run "$RUN" --model_name_or_path "runs/$RUN/sft"
+train_chain tiny  # stages cpt, sft, rl (runs/stages.sh)
 
 stage eval "4. eval: SFT vs RL on the held-out test split (projects and ladder seeds never trained on or checked during training)"
 # Only checkpoints that can call tools are played: the base and CPT rows are their held-out code loss and

@@ -1,5 +1,5 @@
-"""The control flow of runs/pretraining_ablation.sh and runs/tiny_long.sh (with runs/edge_screen.sh), with a
-fake interpreter that records each command and writes the outputs a real stage would (no model is trained):
+"""The control flow of runs/pretraining_ablation.sh, runs/tiny_long.sh (with runs/edge_screen.sh), runs/smol.sh
+and runs/tiny.sh, with a fake interpreter that records each command and writes the outputs a real stage would (no model is trained):
 which stages run, which are skipped once saved, that an arm without edge tasks gets no RL while the others go
 on, that a screen that fails for another reason stops the script, and the stage times a preset writes."""
 
@@ -47,7 +47,8 @@ def run_ablation(root: Path, status: int = 0, script: str = "runs/pretraining_ab
 
 def fake_checkout(root: Path) -> None:
     (root / "runs").mkdir()
-    for script in ("pretraining_ablation.sh", "edge_screen.sh", "tiny_long.sh", "stages.sh", "rl_arm.sh"):
+    for script in ("pretraining_ablation.sh", "edge_screen.sh", "tiny_long.sh", "stages.sh", "rl_arm.sh", "smol.sh",
+                   "tiny.sh", "data.sh"):
         shutil.copy(ROOT / "runs" / script, root / "runs")
     (root / "fake_py").write_text(FAKE_PY)
     (root / "fake_py").chmod(0o755)
@@ -121,6 +122,19 @@ def test_tiny_long_keeps_the_stage_times_of_a_run_that_fails(tmp_path):
     _, calls = run_ablation(tmp_path, status=2, script="runs/tiny_long.sh", RUN="long", BROKEN="long")
     assert not [c for c in calls if c.startswith("train_rl.py") or "--compare" in c]
     assert stage_times(tmp_path, "long") == ["corpora", "tasks", "oracle", "base", "cpt", "sft", "edge"]
+
+
+def test_smol_and_tiny_train_cpt_sft_rl_with_their_recipes_and_write_their_stage_times(tmp_path):
+    fake_checkout(tmp_path)
+    for preset, data_stages in (("smol", ["base", "data"]), ("tiny", ["data", "base"])):
+        out, calls = run_ablation(tmp_path, script=f"runs/{preset}.sh", RUN=preset, WORKERS="2")
+        assert [c for c in calls if c.startswith("train_")] == [
+            f"train_cpt.py --config recipes/{preset}/cpt.yaml --run {preset}",
+            (f"train_sft.py --config recipes/{preset}/sft.yaml --run {preset} --model_name_or_path runs/{preset}/cpt "
+             "--check_tasks artifacts/data/tasks/val"),
+            f"train_rl.py --config recipes/{preset}/rl.yaml --run {preset} --model_name_or_path runs/{preset}/sft"]
+        assert f"--compare runs/{preset}/sft runs/{preset}/rl" in calls[-1] and "table" in out
+        assert stage_times(tmp_path, preset) == [*data_stages, "cpt", "sft", "rl", "eval"]
 
 
 def test_rl_arm_screens_once_per_sft_model_trains_with_its_seed_and_reuses_sft_episodes(tmp_path):
