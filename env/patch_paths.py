@@ -91,11 +91,11 @@ def open_regular(path: Path, what: str, error: Callable[[str], Exception],
         fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
         raise error(f"{what} cannot be read{detail(e)}") from None
-    f = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-        f.close()
+    # checked on the bare descriptor: os.fdopen itself refuses a directory (IsADirectoryError, descriptor left open)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         raise error(f"{what} is not a regular file")
-    return f
+    return os.fdopen(fd, "rb")
 
 
 def read_regular(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> bytes:

@@ -24,3 +24,15 @@ def test_paths_resolve_inside_their_root_at_access_time(tmp_path, host):
         read_text_inside(root, "out/SENTINEL.txt")
     assert SENTINEL not in str(err.value)
     assert read_text_inside(root, "inner/a.py") == "a\n"
+
+
+def test_read_regular_refuses_a_directory_and_a_fifo_without_leaking_a_descriptor(tmp_path):
+    from env.patch_paths import read_regular
+
+    (tmp_path / "dir").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    open_fds = len(os.listdir("/proc/self/fd"))
+    for name in ("dir", "fifo"):
+        with pytest.raises(PatchError, match=f"^{name} is not a regular file$"):
+            read_regular(tmp_path / name, name)
+    assert len(os.listdir("/proc/self/fd")) == open_fds
