@@ -198,6 +198,7 @@ def stage_runs(inputs, tmp_path_factory):
     return run
 
 
+@pytest.mark.slow  # one subprocess per stage runs its whole table (20 s or more each): `make test` runs it
 @pytest.mark.parametrize("stage, case_id, extra, expected", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_bad_input_fails_fast_with_one_line(stage_runs, stage, case_id, extra, expected):
     code, _, stderr, before, after, expected_text = stage_runs(stage)[case_id]
@@ -209,6 +210,7 @@ def test_bad_input_fails_fast_with_one_line(stage_runs, stage, case_id, extra, e
     assert after == before, "a failed start must write nothing (no output dir, no model)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["cpt", "sft", "rl"])
 def test_the_good_flags_train(stage_runs, stage):
     """The table is not vacuous: without the bad flag the same command trains its step and saves a model."""

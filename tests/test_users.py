@@ -288,6 +288,7 @@ def test_cli_sigterm_writes_the_report_of_what_was_played(tmp_path, stub_server)
     assert data["stats"]["cut_at_stop"] == 1 and httpd.feedback == [] and json.loads(out)["stopped"] is True
 
 
+@pytest.mark.slow  # waits out the users' timeout (about 8 s)
 def test_the_realtime_loop_keeps_the_report_of_users_it_stops_at_its_timeout(tmp_path, stub_server):
     from nanocomposer.realtime.server import run_users
 

@@ -511,6 +511,7 @@ def test_eval_auto_without_vllm_is_transformers(monkeypatch, no_vllm):
     assert eval_py.resolve_backend("auto") == "transformers"
 
 
+@pytest.mark.slow  # eval.py end to end on two checkpoints (about 20 s)
 def test_eval_vllm_batches_episodes_with_one_engine_per_policy(fake_vllm, checkpoint, two_tasks, tmp_path, capsys):
     tokenizer = ModelPolicy(checkpoint, backend="vllm", start_engine=False).tokenizer
     fake_vllm.script = [(_submit_ids(tokenizer) + [tokenizer.eos_token_id], [-0.1] * 64)]
