@@ -93,11 +93,12 @@ def joined(script: Path) -> str:
 
 def sft_data_budget_files() -> dict[str, set[str]]:
     """preset -> the budget files the run scripts build its SFT data under: a script that trains SFT with
-    recipes/<preset>/sft.yaml and builds SFT data (data.build_sft --budget, or runs/data.sh with BUDGET=)."""
+    recipes/<preset>/sft.yaml (also by `train_chain <preset>`) and builds SFT data (data.build_sft --budget, or runs/data.sh with BUDGET=)."""
     found: dict[str, set[str]] = {}
     for script in sorted(ROOT.glob("runs/*.sh")):
         text = joined(script)
-        presets = set(re.findall(r"recipes/(\w+)/sft\.yaml", text))
+        # SFT with recipes/<preset>/sft.yaml, named or through runs/stages.sh's `train_chain <preset>`
+        presets = set(re.findall(r"recipes/(\w+)/sft\.yaml", text)) | set(re.findall(r"^train_chain (\w+)", text, re.M))
         variables = dict(re.findall(r"^(\w+)=([^\s$]+)$", text, re.MULTILINE))
         given = []
         for line in text.splitlines():
