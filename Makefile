@@ -43,7 +43,7 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory test-sandbox-user
 
 # The inner loop: the suite without the tests marked `slow` (stages, servers, built models; tests/README.md).
-# Measured 2 min 31 s wall on the 2-core machine, unloaded, at 916ab63 (1,440 tests; 3-5 min with other jobs on it).
+# Measured 1 min 51 s wall on the 2-core machine, unloaded, at 08414a2 (1,376 tests; 3-5 min with other jobs on it).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
