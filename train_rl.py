@@ -116,10 +116,6 @@ def check_arguments(script_args: RLScriptArguments, training_args: GRPOConfig) -
                f"handled per episode by truncated_episodes={script_args.truncated_episodes!r}")
     if script_args.generation_backend == "vllm" and not training_args.use_vllm:
         raise ConfigError("generation_backend: vllm needs use_vllm: true (and vllm_mode: colocate or server)")
-    if training_args.per_device_train_batch_size % training_args.num_generations:
-        raise ConfigError(f"per_device_train_batch_size={training_args.per_device_train_batch_size} must be a "
-                          f"multiple of num_generations={training_args.num_generations} (it counts episodes: "
-                          "prompts x generations)")
     return reward_funcs
 
 
@@ -193,7 +189,8 @@ def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: 
         dominance_threshold=script_args.dominance_threshold,
     )
     print0(f"[rl] {len(dataset)} tasks from {script_args.tasks_dir}; {training_args.num_generations} episodes per "
-           f"task, {training_args.per_device_train_batch_size} per step; rewards "
+           f"task, {training_args.generation_batch_size} per step in micro-batches of "
+           f"{training_args.per_device_train_batch_size}; rewards "
            f"{dict(zip(script_args.reward_funcs, trainer.reward_weights.tolist()))}; "
            f"episodes at once {script_args.rollout_workers or 'all'} ({script_args.generation_backend}, batched in "
            "this process)")

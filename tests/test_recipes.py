@@ -58,6 +58,22 @@ def test_recipe_parses(recipe, monkeypatch, tmp_path):
         assert training_args.use_cpu and not training_args.bf16 and not training_args.activation_checkpointing
 
 
+@pytest.mark.parametrize("recipe", ["recipes/smol/rl.yaml", "recipes/smol/realtime.yaml"])
+def test_the_smol_rl_recipes_score_one_episode_at_a_time_with_checkpointing_on_the_cpu(recipe, monkeypatch):
+    """A smol RL step holds episodes of up to 4,096 tokens: batched, or without recomputed activations, it did
+    not fit the 23 GiB machine (bench/grpo_memory.py). The CPU device setup must keep what the recipe says."""
+    from nanocomposer.model_io import configure_device
+
+    monkeypatch.chdir(ROOT)
+    parser = importlib.import_module("realtime_rl" if "realtime" in recipe else "train_rl").make_parser()
+    training_args = parser.parse_args_and_config(["--config", recipe])[1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    configure_device(training_args)
+    assert training_args.activation_checkpointing and training_args.use_cpu
+    assert training_args.per_device_train_batch_size == 1
+    assert training_args.generation_batch_size % training_args.num_generations == 0
+
+
 def as_flags(recipe: dict) -> list[str]:
     """The recipe's keys as command-line flags (null and mappings have no flag form: left out)."""
     flags = []

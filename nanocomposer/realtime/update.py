@@ -135,8 +135,10 @@ class LiveGRPOTrainer(GRPOTrainer):
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         with torch.no_grad():
-            scored, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention,
-                                                                   output["completion_ids"].size(1))
+            # in micro-batches, as TRL scores them: the whole step at once would hold every session's activations
+            scored, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, ids, attention, output["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size)
         mask = output["completion_mask"] * output.get("tool_mask", torch.ones_like(output["completion_mask"]))
         fresh = torch.tensor([not x["episode"].get("stale", False) for x in inputs], device=mask.device)
         diff = (scored - sampling).abs()[mask.bool() & fresh.unsqueeze(1)]
