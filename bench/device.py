@@ -161,7 +161,9 @@ def sft_metrics(run_dir: Path) -> dict:
 def rl_metrics(run_dir: Path) -> dict:
     card = model_card(run_dir / "rl")
     result, last = card.get("Result", {}), card.get("Last steps", {})
-    episodes = resolved_training(run_dir / "rl").get("per_device_train_batch_size")
+    # a step plays the generation batch (per-device batch x accumulation steps); the per-device batch alone is
+    # one micro-batch of it
+    episodes = resolved_training(run_dir / "rl").get("generation_batch_size")
     return {"steps": result.get("global_step"), "train_s": result.get("train_seconds"),
             "seconds_per_step": result.get("seconds_per_step"), "episodes_per_step": episodes,
             "episodes_per_s": ratio(episodes, result.get("seconds_per_step")),

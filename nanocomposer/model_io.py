@@ -88,7 +88,7 @@ def configure_device(training_args) -> None:
     """Without CUDA: train on the CPU, in the weights' own dtype (no autocast).
 
     Activation checkpointing is left as the recipe sets it: the CPU presets that score long episodes need it
-    (recipes/smol/rl.yaml: one 4,096-token episode's LoRA forward and backward peaks at 10.1 GB without it, 7.7 GB
+    (recipes/smol/rl.yaml: one 4,096-token episode's LoRA forward and backward peaks at 10.1 GB without it, 7.1 GB
     with it; bench/grpo_memory.py), and the tiny presets turn it off themselves.
     """
     if torch.cuda.is_available():

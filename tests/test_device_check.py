@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.device import PEAK_BF16_TFLOPS, cpt_metrics, model_card, table_rows
+from bench.device import PEAK_BF16_TFLOPS, cpt_metrics, model_card, rl_metrics, table_rows
 from nanocomposer.run_record import write_model_card
 
 pytestmark = pytest.mark.slow  # heavy: `make test-fast` leaves it out (tests/README.md)
@@ -93,6 +93,14 @@ def test_model_card_numbers_read_back(tmp_path):
                               "initial_eval_loss": None}
     assert card["Last steps"] == {"behaviour/solve_rate": 0.25}
     assert model_card(tmp_path / "missing") == {}
+
+
+def test_rl_episodes_per_step_count_the_generation_batch_not_one_micro_batch(tmp_path):
+    """A step of 1 task x 4 episodes scored in micro-batches of 1 plays 4 episodes, not 1."""
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "config.yaml").write_text(
+        "training:\n  per_device_train_batch_size: 1\n  gradient_accumulation_steps: 4\n  generation_batch_size: 4\n")
+    assert rl_metrics(tmp_path)["episodes_per_step"] == 4
 
 
 def test_mfu_counts_six_n_and_reports_attention_separately(tmp_path):
