@@ -151,6 +151,15 @@ def truncated(completions, **kwargs) -> list[float]:
     return [-1.0 if e["truncated"] else 0.0 for e in _facts(kwargs, "truncated")]
 
 
+def unfinished(completions, **kwargs) -> list[float]:
+    """-1 when the model never called submit (it ran out of turns, time or tokens, or stopped calling tools).
+
+    The grader scores the final workspace whether or not the model submitted, so without this an episode that
+    works until the turn budget and is graded there costs only its `turns` share: GRPO on one task learned to
+    stop submitting (14 of 16 episodes ran out of turns, docs/rl.md)."""
+    return [0.0 if e["submitted"] else -1.0 for e in _facts(kwargs, "unfinished")]
+
+
 def make_failed_actions(penalize_questions: bool = True) -> RewardFunc:
     """Minus (failed edits [+ ask_user calls]) over the turn budget, floored at -1.
 
@@ -210,6 +219,7 @@ REWARDS: dict[str, RewardFunc] = {
     "lint": lint,
     "failed_actions": make_failed_actions(penalize_questions=True),
     "truncated": truncated,
+    "unfinished": unfinished,
     "edit_kept": edit_kept,
     "edit_reverted": edit_reverted,
     "dissatisfied": dissatisfied,

@@ -118,6 +118,15 @@ def test_truncation_marks_token_limits_not_turn_budgets():
                    facts([turn(READ)], exit_status="max_turns")) == [-1.0, -1.0, 0.0]
 
 
+def test_unfinished_costs_an_episode_the_model_never_submitted_even_when_the_grader_solves_it():
+    malformed_submit = call("submit", {"summary": "s"}, malformed=True, error="bad arguments")
+    episodes = [facts([turn(READ), turn(SUBMIT)], solved=True),
+                facts([turn(READ)] * 10, exit_status="max_turns", solved=True),  # worked to the budget, graded
+                facts([turn(malformed_submit)], exit_status="repeated_malformed"),
+                facts([turn(READ, truncated=True)], exit_status="max_context")]
+    assert rewards("unfinished", *episodes) == [0.0, -1.0, -1.0, -1.0]
+
+
 def test_facts_track_the_behaviours_the_monitors_report():
     edit_test = call("edit_file", {"path": "tests/test_a.py", "old_str": "1", "new_str": "2"})
     f = facts([turn(READ), turn(edit_test), turn(SUBMIT)])
