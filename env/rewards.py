@@ -156,7 +156,8 @@ def unfinished(completions, **kwargs) -> list[float]:
 
     The grader scores the final workspace whether or not the model submitted, so without this an episode that
     works until the turn budget and is graded there costs only its `turns` share: GRPO on one task learned to
-    stop submitting (14 of 16 episodes ran out of turns, docs/rl.md)."""
+    stop submitting (14 of 16 episodes ran out of turns). Not in any recipe: at weight 0.5 it overshot, and the
+    policy learned to submit at once, unedited (docs/rl.md, section 4)."""
     return [0.0 if e["submitted"] else -1.0 for e in _facts(kwargs, "unfinished")]
 
 
