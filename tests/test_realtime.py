@@ -340,6 +340,7 @@ def test_one_cycle_end_to_end_killed_mid_cycle_resumes_on_policy_without_double_
     update = json.loads((loop_dir / "cycles" / "1" / "update.json").read_text())
     assert update["trained"] and update["logprob_checks"][0]["tokens"] > 0
     assert update["onpolicy_diff_max"] < 1e-4, update["logprob_checks"]
+    assert update["onpolicy_diff_mean"] == update["logprob_checks"][0]["mean_abs_diff"] <= update["onpolicy_diff_max"]
     version = loop_dir / "registry" / "versions" / "v1"
     assert json.loads((version / "version.json").read_text())["parent"] == "v0"
     gate = json.loads((version / "gate.json").read_text())

@@ -71,7 +71,7 @@ class RealtimeArguments(StageArguments):
         "help": "Who a session is compared with (one sample per prompt): sessions of its task family (family) "
                 "or of its step (batch).", "choices": list(BASELINES)})
     on_policy_tolerance: float = field(default=1e-3, metadata={
-        "help": "Largest |sampling logprob - trainer logprob| on a model token before the cycle warns."})
+        "help": "Largest mean |sampling logprob - trainer logprob| over the model's tokens before the cycle warns."})
     gate_samples: int = field(default=1, metadata={"help": "Episodes per gate task."})
     gate_workers: int = field(default=4, metadata={"help": "Gate episodes live at once."})
     gate_temperature: float = field(default=0.0, metadata={"help": "Gate sampling temperature (0: greedy)."})

@@ -194,6 +194,7 @@ def train_candidate(items: list[dict], *, model_path: str, out_dir: Path, traini
     metrics.update(trained=True, train_seconds=time.perf_counter() - started, train_loss=result.training_loss,
                    global_step=trainer.state.global_step, logprob_checks=trainer.logprob_checks,
                    onpolicy_diff_max=trainer.logprob_checks[0]["max_abs_diff"],
+                   onpolicy_diff_mean=trainer.logprob_checks[0]["mean_abs_diff"],
                    drift_diff_max=max([c["max_abs_diff"] for c in trainer.logprob_checks[1:]], default=0.0),
                    log_history=trainer.state.log_history)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out_dir.name}-", dir=out_dir.parent))
