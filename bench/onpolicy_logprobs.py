@@ -31,11 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
 from env.episode import TurnRequest
-from nanocomposer.engine.checkpoints import load_model_and_tokenizer
+from nanocomposer.engine.checkpoints import ModelLoadError, load_model_and_tokenizer
 from nanocomposer.engine.sampling import SamplingConfig
 from nanocomposer.policy import ModelPolicy
 
@@ -43,15 +44,22 @@ from nanocomposer.policy import ModelPolicy
 def conversations(path: str, n: int) -> list[tuple[list[dict], list[dict], str]]:
     """(messages before the last assistant turn, tools, key) of the first `n` episodes with one."""
     out = []
-    with open(path) as f:
-        for line in f:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise SystemExit(f"{path}: cannot read the episodes file ({e.strerror})") from None
+    for number, line in enumerate(lines, 1):
+        try:
             record = json.loads(line)
             messages = record.get("messages") or []
             last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
             if last:
                 out.append((messages[:last], record["tools"], record["episode_key"]))
-            if len(out) == n:
-                break
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SystemExit(f"{path}:{number}: not an episode record with messages, tools and episode_key "
+                             f"({type(e).__name__}: {e})") from None
+        if len(out) == n:
+            break
     if not out:
         raise SystemExit(f"{path}: no episode with an assistant turn")
     return out
@@ -90,13 +98,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--episodes", required=True, help="an eval .episodes.jsonl (conversations to continue)")
     p.add_argument("--n", type=int, default=8, help="conversations, decoded as one batch")
     p.add_argument("--max_new_tokens", type=int, default=96)
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
     args = p.parse_args(argv)
     convs = conversations(args.episodes, args.n)
     print(f"{'dtype':<9} {'tokens':>6} {'prompt tokens':>14} {'max':>9} {'p99':>9} {'mean':>9} {'time':>7}")
     rows = []
     for name in args.dtypes:
-        r = measure(args.model, getattr(torch, name), convs, args.max_new_tokens)
+        try:
+            r = measure(args.model, getattr(torch, name), convs, args.max_new_tokens)
+        except ModelLoadError as e:
+            raise SystemExit(f"onpolicy_logprobs: {e}") from None
         rows.append(r)
         span = f"{r['prompt_tokens'][0]}-{r['prompt_tokens'][1]}"
         print(f"{r['dtype']:<9} {r['tokens']:>6} {span:>14} {r['max']:>9.2e} {r['p99']:>9.2e} {r['mean']:>9.2e} "

@@ -41,3 +41,23 @@ def test_a_file_without_assistant_turns_is_a_clear_error(tmp_path):
                                     "tools": TOOLS}) + "\n")
     with pytest.raises(SystemExit, match="no episode with an assistant turn"):
         onpolicy_logprobs.main(["--model", "unused", "--episodes", str(episodes)])
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json\n", ":1: not an episode record"),
+    (json.dumps({"episode_key": "x", "messages": [{"role": "user", "content": "a"},
+                                                  {"role": "assistant", "content": "b"}]}) + "\n",
+     ":1: not an episode record with messages, tools and episode_key (KeyError"),
+])
+def test_a_broken_episodes_file_names_the_line(tmp_path, content, message):
+    episodes = tmp_path / "e.jsonl"
+    episodes.write_text(content)
+    with pytest.raises(SystemExit, match=message.replace("(", "\\(")):
+        onpolicy_logprobs.main(["--model", "unused", "--episodes", str(episodes)])
+
+
+def test_a_missing_model_is_a_clear_error(tmp_path):
+    episodes = tmp_path / "e.jsonl"
+    episodes.write_text(json.dumps(episode("a#0", "fix it", 1)) + "\n")
+    with pytest.raises(SystemExit, match="onpolicy_logprobs: .*nowhere"):
+        onpolicy_logprobs.main(["--model", str(tmp_path / "nowhere"), "--episodes", str(episodes)])
