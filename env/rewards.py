@@ -107,6 +107,17 @@ def outcome(completions, **kwargs) -> list[float]:
     return [1.0 if e["solved"] else 0.0 for e in _facts(kwargs, "outcome")]
 
 
+def outcome_submitted(completions, **kwargs) -> list[float]:
+    """1 when the hidden tests pass and the model submitted, else 0: the outcome of a finished episode only.
+
+    `outcome` grades the final workspace however the episode ended, so a fix the model never submitted earns
+    as much as a submitted one; GRPO on SmolLM2 learned to run out of turns (docs/rl.md, section 4). `unfinished`
+    charges a missing submit on every episode and overshot: an unsolved episode that submits at once beat one
+    that kept trying. Here an unsubmitted episode scores what an unsolved one does, so submitting pays only
+    with a fix."""
+    return [1.0 if e["solved"] and e["submitted"] else 0.0 for e in _facts(kwargs, "outcome_submitted")]
+
+
 def outcome_partial(completions, **kwargs) -> list[float]:
     """Share of passing hidden tests (1 when solved): partial credit."""
     return [float(e["pass_fraction"]) for e in _facts(kwargs, "outcome_partial")]
@@ -211,6 +222,7 @@ def dissatisfied(completions, **kwargs) -> list[float]:
 
 REWARDS: dict[str, RewardFunc] = {
     "outcome": outcome,
+    "outcome_submitted": outcome_submitted,
     "outcome_partial": outcome_partial,
     "malformed": malformed,
     "turns": turns,

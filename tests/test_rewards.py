@@ -127,6 +127,15 @@ def test_unfinished_costs_an_episode_the_model_never_submitted_even_when_the_gra
     assert rewards("unfinished", *episodes) == [0.0, -1.0, -1.0, -1.0]
 
 
+def test_outcome_submitted_pays_only_a_fix_the_model_submitted():
+    episodes = [facts([turn(READ), turn(SUBMIT)], solved=True),
+                facts([turn(READ)] * 10, exit_status="max_turns", solved=True),  # fixed, never submitted
+                facts([turn(SUBMIT)]),  # submitted unfixed
+                facts([turn(READ)] * 10, exit_status="max_turns")]
+    assert rewards("outcome_submitted", *episodes) == [1.0, 0.0, 0.0, 0.0]
+    assert rewards("outcome", *episodes) == [1.0, 1.0, 0.0, 0.0]
+
+
 def test_facts_track_the_behaviours_the_monitors_report():
     edit_test = call("edit_file", {"path": "tests/test_a.py", "old_str": "1", "new_str": "2"})
     f = facts([turn(READ), turn(edit_test), turn(SUBMIT)])
