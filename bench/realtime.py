@@ -16,7 +16,8 @@ records the range. Arms run one after the other on the same machine (same load f
 first session's edit persisted (kept), a dissatisfied follow-up was sent, and the first session's latency
 (wall time). Table: each arm's rate (Wilson 95%) or mean, and B - A with a paired-bootstrap 95% interval over
 conversations, absolute and relative (Composer reports relative changes: +2.28% persisting edits, -3.13%
-dissatisfied follow-ups, -10.3% latency). Writes <out>/ab.json and ab.md.
+dissatisfied follow-ups, -10.3% latency). Writes <out>/ab.json and ab.md. Each finished arm leaves
+<out>/<A|B>/arm.json; run the same command again after an interruption and a finished arm is reused.
 
 `cycles`: one table per loop directory (runs/<run>) from its cycles' collect.json and cycle.json: live
 persisting-edit, dissatisfied, malformed-session, ask_user and edit rates, latency, the gate's decision, and
@@ -40,6 +41,7 @@ import math
 import sqlite3
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from env.metrics import paired_bootstrap_interval, wilson_interval
@@ -75,6 +77,42 @@ def arm_budget(args):
     return Budget(**values, temperature=args.temperature, seed=args.seed)
 
 
+def arm_settings(spec: str, args, draw: dict) -> dict:
+    """What an arm's conversations depend on: a finished arm is reused only when all of it matches."""
+    return {"spec": spec, "tasks": args.tasks, "traffic": draw, "sessions": args.sessions, "seed": args.seed,
+            "recipe": args.recipe, "budget": args.budget, "max_turns": args.max_turns,
+            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "session_timeout_s": args.session_timeout_s, "backend": args.backend}
+
+
+def finished_arm(out: Path, settings: dict) -> dict | None:
+    """The arm in `out` when it finished with these settings (its arm.json); None when it must be played.
+
+    An arm is an hour or more of conversations at 400 a side on CPU, so a rerun after the second arm was cut
+    off reuses the first. An arm cut off itself has no arm.json: its folder is moved aside (kept, and said),
+    since its database would mix the cut-off sessions into the new ones. ValueError for a finished arm played
+    with other settings."""
+    record = out / "arm.json"
+    if record.exists():
+        try:
+            arm = json.loads(record.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{record} is not valid JSON ({e}): remove the folder to play the arm again") from None
+        if arm.get("settings") != settings:
+            changed = sorted(k for k in settings if (arm.get("settings") or {}).get(k) != settings[k])
+            raise ValueError(f"{out} holds an arm played with other settings ({', '.join(changed)}): give "
+                             "another --out, or remove the folder to play it again")
+        print(f"bench.realtime ab: {out.name}: reusing the finished arm in {out} "
+              f"({len(arm['conversations'])} conversations)", file=sys.stderr)
+        return arm
+    if out.exists() and any(out.iterdir()):
+        aside = out.with_name(f"{out.name}.unfinished-{int(time.time())}")
+        out.rename(aside)
+        print(f"bench.realtime ab: {out.name}: {out} holds an arm that did not finish; moved to {aside}, "
+              "playing it again", file=sys.stderr)
+    return None
+
+
 def play_arm(spec: str, out: Path, args, draw: dict) -> dict:
     from nanocomposer.agent.registry import Registry
     from nanocomposer.realtime.server import AgentServer, run_users
@@ -92,8 +130,11 @@ def play_arm(spec: str, out: Path, args, draw: dict) -> dict:
         server.wait_idle(budget.max_wall_s + 60)
     finally:
         server.stop()
-    return {"spec": spec, "users": {k: v for k, v in report.items() if k not in ("latencies", "accepted_ids")},
-            "conversations": conversations(out / "sessions.db")}
+    arm = {"spec": spec, "settings": arm_settings(spec, args, draw),
+           "users": {k: v for k, v in report.items() if k not in ("latencies", "accepted_ids")},
+           "conversations": conversations(out / "sessions.db")}
+    (out / "arm.json").write_text(json.dumps(arm, indent=1) + "\n")
+    return arm
 
 
 def ab_table(a: dict, b: dict, seed: int = 0) -> dict:
@@ -162,7 +203,13 @@ def cmd_ab(args) -> int:
     except (ValueError, TaskError) as e:
         print(f"bench.realtime ab: error: {e}", file=sys.stderr)
         return 2
-    arms = {label: play_arm(spec, out / label, args, draw) for label, spec in (("A", args.a), ("B", args.b))}
+    arms = {}
+    for label, spec in (("A", args.a), ("B", args.b)):
+        try:
+            arms[label] = finished_arm(out / label, arm_settings(spec, args, draw)) or play_arm(spec, out / label, args, draw)
+        except ValueError as e:
+            print(f"bench.realtime ab: error: {e}", file=sys.stderr)
+            return 2
     table = ab_table(arms["A"]["conversations"], arms["B"]["conversations"], args.seed)
     result = {"a": args.a, "b": args.b, "tasks": args.tasks, "sessions": args.sessions, "seed": args.seed,
               "traffic": draw, **table, "users": {k: v["users"] for k, v in arms.items()}}

@@ -148,3 +148,34 @@ def test_a_resumed_serve_phase_continues_the_conversation_index(tmp_path, traffi
     assert kw["start"] == 3 and args[2] == 2  # conversations 3 and 4: none replayed, the cycle's 5 in all
     assert kw["report"].name == "users-3.json" and kw["seed"] == seed
     assert loop.state.phase == "collect"
+
+
+def test_a_rerun_of_the_ab_reuses_a_finished_arm_and_sets_an_unfinished_one_aside(tmp_path, traffic_set, monkeypatch):
+    import bench.realtime as bench_realtime
+
+    played = []
+
+    def fake_play(spec, out, args, draw):  # writes what play_arm writes when an arm finishes
+        played.append(spec)
+        out.mkdir(parents=True, exist_ok=True)
+        arm = {"spec": spec, "settings": bench_realtime.arm_settings(spec, args, draw), "users": {},
+               "conversations": {"c0": {"persisting_edits": float(spec == "vB"), "dissatisfied_followups": 0.0,
+                                       "latency_s": 1.0}}}
+        (out / "arm.json").write_text(json.dumps(arm))
+        return arm
+
+    monkeypatch.setattr(bench_realtime, "play_arm", fake_play)
+    out = tmp_path / "ab"
+    argv = ["ab", "--a", "vA", "--b", "vB", "--tasks", str(traffic_set), "--sessions", "3", "--budget", "none",
+            "--out", str(out)]
+    (out / "B").mkdir(parents=True)
+    (out / "B" / "sessions.db").write_text("cut off")  # an arm B that was killed before it finished
+    assert bench_realtime.main(argv) == 0 and played == ["vA", "vB"]
+    aside, = tmp_path.glob("ab/B.unfinished-*")
+    assert (aside / "sessions.db").read_text() == "cut off"  # kept, not mixed into the new arm
+    assert json.loads((out / "ab.json").read_text())["metrics"]["persisting_edits"]["diff"] == 1.0
+
+    (out / "B" / "arm.json").unlink()  # B cut off again: only B plays
+    assert bench_realtime.main(argv) == 0 and played == ["vA", "vB", "vB"]
+    assert bench_realtime.main(argv[:6] + ["4"] + argv[7:]) == 2  # other settings: refused, nothing played
+    assert played == ["vA", "vB", "vB"]
