@@ -46,6 +46,7 @@ from pathlib import Path
 
 from env.metrics import paired_bootstrap_interval, wilson_interval
 from nanocomposer.policies import POLICY_BACKENDS
+from nanocomposer.reporting import write_json_atomic
 
 METRICS = (("persisting_edits", "rate"), ("dissatisfied_followups", "rate"), ("latency_s", "mean"))
 
@@ -133,7 +134,7 @@ def play_arm(spec: str, out: Path, args, draw: dict) -> dict:
     arm = {"spec": spec, "settings": arm_settings(spec, args, draw),
            "users": {k: v for k, v in report.items() if k not in ("latencies", "accepted_ids")},
            "conversations": conversations(out / "sessions.db")}
-    (out / "arm.json").write_text(json.dumps(arm, indent=1) + "\n")
+    write_json_atomic(out / "arm.json", arm)  # the rerun's proof that this arm finished: never half a file
     return arm
 
 
@@ -206,7 +207,8 @@ def cmd_ab(args) -> int:
     arms = {}
     for label, spec in (("A", args.a), ("B", args.b)):
         try:
-            arms[label] = finished_arm(out / label, arm_settings(spec, args, draw)) or play_arm(spec, out / label, args, draw)
+            arm = finished_arm(out / label, arm_settings(spec, args, draw))
+            arms[label] = arm or play_arm(spec, out / label, args, draw)
         except ValueError as e:
             print(f"bench.realtime ab: error: {e}", file=sys.stderr)
             return 2
