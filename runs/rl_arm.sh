@@ -11,6 +11,8 @@
 # RL_ARGS="--malformed_handling drop" trains with malformed calls dropped from the loss).
 # The screen's episodes are kept in runs/$SFT_RUN/edge (one screen per SFT model; a wider screen resumes it),
 # the chosen tasks in runs/$RUN/edge/tasks.
+# A cut-off arm continues: rerun the same command with --resume added to RL_ARGS (GRPO resumes from its newest
+# complete checkpoint, saved every 2 steps by recipes/smol/rl.yaml; the eval resumes by episode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
