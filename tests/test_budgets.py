@@ -98,7 +98,7 @@ def sft_data_budget_files() -> dict[str, set[str]]:
     for script in sorted(ROOT.glob("runs/*.sh")):
         text = joined(script)
         # SFT with recipes/<preset>/sft.yaml, named or through runs/stages.sh's `train_chain <preset>`
-        presets = set(re.findall(r"recipes/(\w+)/sft\.yaml", text)) | set(re.findall(r"^train_chain (\w+)", text, re.M))
+        presets = set(re.findall(r"recipes/(\w+)/sft\.yaml", text)) | set(re.findall(r"^train_chain (\w+)", text, re.MULTILINE))
         variables = dict(re.findall(r"^(\w+)=([^\s$]+)$", text, re.MULTILINE))
         given = []
         for line in text.splitlines():
