@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from env.metrics import paired_bootstrap_interval
+from nanocomposer.run_dir import list_checkpoints
 
 DEFAULT_METRICS = ("behaviour/solve_rate", "behaviour/malformed_episode_rate", "behaviour/edit_rate",
                    "exit/max_turns", "exit/submitted", "behaviour/mean_turns")
@@ -38,17 +39,21 @@ def grpo_dir(run: Path) -> Path:
 
 
 def step_logs(run: Path) -> dict[int, dict]:
-    """{step: logged metrics} from the newest checkpoint's trainer_state.json (ValueError naming what is missing)."""
+    """{step: logged metrics} from the newest checkpoint whose trainer_state.json reads (the Trainer writes it last,
+    so a save cut short by a kill is skipped, with a note); ValueError naming what is missing."""
     out = grpo_dir(run)
-    checkpoints = sorted(out.glob("checkpoint-*/trainer_state.json"),
-                         key=lambda p: int(p.parent.name.split("-")[-1]) if p.parent.name.split("-")[-1].isdigit() else -1)
-    if not checkpoints:
-        raise ValueError(f"{out}: no checkpoint-*/trainer_state.json (is it a train_rl.py output or run directory?)")
-    try:
-        history = json.loads(checkpoints[-1].read_text())["log_history"]
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"{checkpoints[-1]}: not a readable trainer state ({e})") from e
-    return {int(h["step"]): h for h in history if "step" in h and "behaviour/solve_rate" in h}
+    skipped = []
+    for checkpoint in list_checkpoints(out):
+        try:
+            history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            skipped.append(f"{checkpoint.name} ({type(e).__name__}: {e})")
+            continue
+        if skipped:
+            print(f"bench.grpo_runs: {out}: skipped {', '.join(skipped)}; reading {checkpoint.name}", file=sys.stderr)
+        return {int(h["step"]): h for h in history if isinstance(h, dict) and "step" in h and "behaviour/solve_rate" in h}
+    raise ValueError(f"{out}: no checkpoint-* with a readable trainer_state.json"
+                     + (f" ({', '.join(skipped)})" if skipped else " (is it a train_rl.py output or run directory?)"))
 
 
 def step_tasks(run: Path) -> dict[int, set[str]]:

@@ -57,4 +57,17 @@ def test_a_cut_off_run_is_read_to_its_last_checkpoint_and_a_missing_one_is_named
     assert main([str(base), str(short), "--metric", "behaviour/solve_rate", "--out", str(out)]) == 0
     assert out.read_text().startswith("# GRPO runs") and json.loads(out.with_suffix(".json").read_text())["steps"] == [4, 2]
     assert main([str(base), str(tmp_path / "nowhere")]) == 2
-    assert "no checkpoint-*/trainer_state.json" in capsys.readouterr().err
+    assert "no checkpoint-* with a readable trainer_state.json" in capsys.readouterr().err
+
+
+def test_a_checkpoint_whose_save_was_cut_short_is_skipped(tmp_path, capsys):
+    run = fake_run(tmp_path, "killed", [0.5, 0.25, 0.0, 0.5], [0.0] * 4, ["a"] * 4, checkpoints=(2,))
+    (run / "rl" / "checkpoint-6").mkdir()  # killed before trainer_state.json (written last)
+    (run / "rl" / "checkpoint-5").mkdir()
+    (run / "rl" / "checkpoint-5" / "trainer_state.json").write_text('{"log_history": [{"step": 1, "beha')
+    assert compare([run], ["behaviour/solve_rate"])["steps"] == [4]  # checkpoint-4, not the older checkpoint-2
+    assert "skipped checkpoint-6" in capsys.readouterr().err
+    for name in ("checkpoint-4", "checkpoint-2"):
+        (run / "rl" / name / "trainer_state.json").unlink()
+    with pytest.raises(ValueError, match="checkpoint-6 .*checkpoint-5"):
+        compare([run], ["behaviour/solve_rate"])
