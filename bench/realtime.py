@@ -16,8 +16,11 @@ records the range. Arms run one after the other on the same machine (same load f
 first session's edit persisted (kept), a dissatisfied follow-up was sent, and the first session's latency
 (wall time). Table: each arm's rate (Wilson 95%) or mean, and B - A with a paired-bootstrap 95% interval over
 conversations, absolute and relative (Composer reports relative changes: +2.28% persisting edits, -3.13%
-dissatisfied follow-ups, -10.3% latency). Writes <out>/ab.json and ab.md. Each finished arm leaves
-<out>/<A|B>/arm.json; run the same command again after an interruption and a finished arm is reused.
+dissatisfied follow-ups, -10.3% latency). Writes <out>/ab.json and ab.md. An arm is played in parts of
+`--part-size` conversations, each its own server and database, recorded when it finishes
+(<out>/<A|B>/parts/<start>/part.json), and a finished arm leaves <out>/<A|B>/arm.json: run the same command again
+after an interruption and finished arms and parts are reused, the first unfinished part played again. An arm
+can therefore be split over sessions.
 
 `cycles`: one table per loop directory (runs/<run>) from its cycles' collect.json and cycle.json: live
 persisting-edit, dissatisfied, malformed-session, ask_user and edit rates, latency, the gate's decision, and
@@ -90,50 +93,118 @@ def finished_arm(out: Path, settings: dict) -> dict | None:
     """The arm in `out` when it finished with these settings (its arm.json); None when it must be played.
 
     An arm is an hour or more of conversations at 400 a side on CPU, so a rerun after the second arm was cut
-    off reuses the first. An arm cut off itself has no arm.json: its folder is moved aside (kept, and said),
-    since its database would mix the cut-off sessions into the new ones. ValueError for a finished arm played
+    off reuses the first (and an arm cut off itself continues from its last finished part: play_arm). A folder
+    from before arms were played in parts, with no arm.json and no parts/, is moved aside (kept, and said),
+    since its database would mix its cut-off sessions into the new ones. ValueError for a finished arm played
     with other settings."""
     record = out / "arm.json"
     if record.exists():
-        try:
-            arm = json.loads(record.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{record} is not valid JSON ({e}): remove the folder to play the arm again") from None
-        if arm.get("settings") != settings:
-            changed = sorted(k for k in settings if (arm.get("settings") or {}).get(k) != settings[k])
-            raise ValueError(f"{out} holds an arm played with other settings ({', '.join(changed)}): give "
-                             "another --out, or remove the folder to play it again")
+        arm = _read_record(record, settings, "the arm")
         print(f"bench.realtime ab: {out.name}: reusing the finished arm in {out} "
               f"({len(arm['conversations'])} conversations)", file=sys.stderr)
         return arm
-    if out.exists() and any(out.iterdir()):
-        aside = out.with_name(f"{out.name}.unfinished-{int(time.time())}")
-        out.rename(aside)
-        print(f"bench.realtime ab: {out.name}: {out} holds an arm that did not finish; moved to {aside}, "
-              "playing it again", file=sys.stderr)
+    if out.exists() and any(out.iterdir()) and not (out / "parts").is_dir():
+        _set_aside(out, f"{out} holds an arm that did not finish")
     return None
 
 
-def play_arm(spec: str, out: Path, args, draw: dict) -> dict:
+def _read_record(record: Path, settings: dict, what: str) -> dict:
+    """A finished arm's or part's JSON, checked against the settings it must have been played with."""
+    try:
+        data = json.loads(record.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{record} is not valid JSON ({e}): remove it to play {what} again") from None
+    if data.get("settings") != settings:
+        changed = sorted(k for k in settings if (data.get("settings") or {}).get(k) != settings[k])
+        raise ValueError(f"{record.parent} holds {what} played with other settings ({', '.join(changed)}): give "
+                         "another --out, or remove the folder to play it again")
+    return data
+
+
+def _set_aside(folder: Path, why: str) -> None:
+    stamp = int(time.time())
+    while (aside := folder.with_name(f"{folder.name}.unfinished-{stamp}")).exists():
+        stamp += 1
+    folder.rename(aside)
+    print(f"bench.realtime ab: {why}; moved to {aside}, playing it again", file=sys.stderr)
+
+
+def finished_parts(parts: Path, settings: dict) -> list[dict]:
+    """The arm's finished parts in conversation order, contiguous from conversation 0 (parts/<start>/part.json).
+    A part folder without part.json was cut off: it is moved aside, and it and every later part play again."""
+    done: list[dict] = []
+    for folder in sorted(parts.iterdir() if parts.is_dir() else [], key=lambda f: f.name):
+        if not folder.is_dir() or not folder.name.isdigit():
+            continue  # a part set aside earlier
+        record = folder / "part.json"
+        if record.exists() and int(folder.name) == sum(p["sessions"] for p in done):
+            done.append(_read_record(record, settings, "a part"))
+        else:
+            _set_aside(folder, f"{folder} is a part that did not finish (or follows one)")
+    return done
+
+
+def play_part(spec: str, out: Path, args, draw: dict, start: int, sessions: int) -> dict:
+    """Conversations start .. start + sessions - 1 of the arm, served by their own `agent.py serve` with its own
+    database (parts/<start>/sessions.db), so a part cut off leaves nothing in a finished part's database."""
     from nanocomposer.agent.registry import Registry
     from nanocomposer.realtime.server import AgentServer, run_users
 
-    out.mkdir(parents=True, exist_ok=True)
+    folder = out / "parts" / f"{start:06d}"
+    folder.mkdir(parents=True)
     registry = Registry(out / "registry")
     registry.ensure(spec, "arm")
     budget = arm_budget(args)
-    server = AgentServer(registry.root, out / "sessions.db", workers=args.workers, budget=budget,
+    server = AgentServer(registry.root, folder / "sessions.db", workers=args.workers, budget=budget,
                          backend=args.backend, log=out / "server.log")
     try:
-        report = run_users(server.url, args.tasks, args.sessions, recipe=args.recipe, seed=args.seed,
-                           offset=draw["offset"], task_limit=draw["task_limit"], start=0, report=out / "users.json",
-                           log=out / "users.log", token=server.token)
+        report = run_users(server.url, args.tasks, sessions, recipe=args.recipe, seed=args.seed,
+                           offset=draw["offset"], task_limit=draw["task_limit"], start=start,
+                           report=folder / "users.json", log=out / "users.log", token=server.token)
         server.wait_idle(budget.max_wall_s + 60)
     finally:
         server.stop()
-    arm = {"spec": spec, "settings": arm_settings(spec, args, draw),
-           "users": {k: v for k, v in report.items() if k not in ("latencies", "accepted_ids")},
-           "conversations": conversations(out / "sessions.db")}
+    part = {"settings": arm_settings(spec, args, draw), "start": start, "sessions": sessions,
+            "users": {k: v for k, v in report.items() if k not in ("latencies", "accepted_ids")},
+            "conversations": conversations(folder / "sessions.db")}
+    write_json_atomic(folder / "part.json", part)  # the rerun's proof that this part finished: never half a file
+    return part
+
+
+def merge_users(reports: list[dict]) -> dict:
+    """The users' reports of an arm's parts as one: counts summed, the first part's population and traffic."""
+    merged = dict(reports[0]) if reports else {}
+    for key in ("conversations", "conversations_started", "accepted", "feedback_sent", "wall_s"):
+        merged[key] = sum(r.get(key) or 0 for r in reports)
+    for key in ("feedback_by_kind", "stats"):
+        merged[key] = {}
+        for r in reports:
+            for k, v in (r.get(key) or {}).items():
+                merged[key][k] = merged[key].get(k, 0) + v
+    merged["stopped"] = any(r.get("stopped") for r in reports)
+    merged["unfinished_after_drain"] = [x for r in reports for x in r.get("unfinished_after_drain") or []]
+    merged["conversation_tasks"] = [x for r in reports for x in r.get("conversation_tasks") or []]
+    merged["sessions_per_s"] = round(merged["accepted"] / merged["wall_s"], 3) if merged.get("wall_s") else None
+    merged["parts"] = len(reports)
+    return merged
+
+
+def play_arm(spec: str, out: Path, args, draw: dict) -> dict:
+    """The arm's conversations in parts of `--part-size`, each recorded when it finishes (parts/<start>/part.json):
+    an arm cut off continues with its first unfinished part, and plays the conversations the uncut arm would
+    have (same users, tasks and sample keys: env.users with `start`), none twice and none half."""
+    settings = arm_settings(spec, args, draw)
+    done = finished_parts(out / "parts", settings)
+    start = sum(p["sessions"] for p in done)
+    if done:
+        print(f"bench.realtime ab: {out.name}: {start} of {args.sessions} conversations played in {len(done)} "
+              f"finished parts; continuing from conversation {start}", file=sys.stderr)
+    while start < args.sessions:
+        sessions = min(args.part_size, args.sessions - start)
+        done.append(play_part(spec, out, args, draw, start, sessions))
+        start += sessions
+    arm = {"spec": spec, "settings": settings, "users": merge_users([p["users"] for p in done]),
+           "conversations": {c: x for p in done for c, x in p["conversations"].items()}}
     write_json_atomic(out / "arm.json", arm)  # the rerun's proof that this arm finished: never half a file
     return arm
 
@@ -361,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the loop's traffic_task_limit K: the arms draw from the set's tasks [K, end), which "
                          "training traffic never asked for (default: as the loop's, half the set)")
     ab.add_argument("--sessions", type=int, default=400, help="conversations per arm")
+    ab.add_argument("--part-size", type=int, default=50,
+                    help="conversations per part: an arm cut off continues from its last finished part")
     ab.add_argument("--recipe", default="recipes/tiny/users.yaml")
     ab.add_argument("--seed", type=int, default=12345,
                     help="population seed and server --seed, the same for both arms")
@@ -386,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "ab" and args.sessions < 1:
         p.error("--sessions must be at least 1")
+    if args.command == "ab" and args.part_size < 1:
+        p.error("--part-size must be at least 1")
     if args.command == "ab" and args.seed < 0:
         p.error("--seed must be >= 0")
     if args.command == "ab":

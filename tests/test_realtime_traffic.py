@@ -179,3 +179,65 @@ def test_a_rerun_of_the_ab_reuses_a_finished_arm_and_sets_an_unfinished_one_asid
     assert bench_realtime.main(argv) == 0 and played == ["vA", "vB", "vB"]
     assert bench_realtime.main(argv[:6] + ["4"] + argv[7:]) == 2  # other settings: refused, nothing played
     assert played == ["vA", "vB", "vB"]
+
+
+def test_an_ab_arm_cut_off_continues_from_its_last_finished_part(tmp_path, traffic_set, monkeypatch):
+    import bench.realtime as bench_realtime
+    from nanocomposer.realtime import server as server_module
+
+    played, cut = [], {"at": 2}
+
+    class PartServer:
+        url, token = "http://fake", "fake-token"
+
+        def __init__(self, registry, db, **options):
+            self.db = db
+
+        def wait_idle(self, timeout_s):
+            return True
+
+        def stop(self):
+            pass
+
+    def fake_users(url, tasks, sessions, *, start, report, **kw):
+        played.append((start, sessions))
+        db = report.parent / "sessions.db"  # stands in for the part's database: one line per conversation
+        db.write_text("".join(f"user-{i}\n" for i in range(start, start + sessions)))
+        if start == cut["at"]:
+            raise RuntimeError("killed")  # the session ends in the middle of this part
+        return {"conversations": sessions, "accepted": sessions, "wall_s": 1.0, "stopped": False,
+                "feedback_by_kind": {"kept": 1}, "seed": 7, "latencies": [], "accepted_ids": []}
+
+    def fake_conversations(db):
+        return {c: {"persisting_edits": 1.0, "dissatisfied_followups": 0.0, "latency_s": 2.0}
+                for c in db.read_text().split()}
+
+    monkeypatch.setattr(server_module, "AgentServer", PartServer)
+    monkeypatch.setattr(server_module, "run_users", fake_users)
+    monkeypatch.setattr(bench_realtime, "conversations", fake_conversations)
+    out = tmp_path / "ab"
+    argv = ["ab", "--a", "oracle", "--b", "oracle", "--tasks", str(traffic_set), "--sessions",
+            "5", "--part-size", "2", "--budget", "none", "--out", str(out)]
+    with pytest.raises(RuntimeError, match="killed"):
+        bench_realtime.main(argv)
+    assert played == [(0, 2), (2, 2)]
+    assert (out / "A" / "parts" / "000000" / "part.json").exists()
+    assert not (out / "A" / "arm.json").exists() and not (out / "A" / "parts" / "000002" / "part.json").exists()
+
+    cut["at"] = None
+    assert bench_realtime.main(argv) == 0
+    assert played[2:] == [(2, 2), (4, 1), (0, 2), (2, 2), (4, 1)]  # A continues at 2 (0 not replayed); B whole
+    aside, = (out / "A" / "parts").glob("000002.unfinished-*")
+    assert (aside / "sessions.db").read_text() == "user-2\nuser-3\n"  # the cut part kept, not mixed in
+    arm = json.loads((out / "A" / "arm.json").read_text())
+    assert sorted(arm["conversations"]) == [f"user-{i}" for i in range(5)]
+    assert (arm["users"]["conversations"], arm["users"]["parts"], arm["users"]["feedback_by_kind"]) == (5, 3, {"kept": 3})
+    assert json.loads((out / "ab.json").read_text())["paired_conversations"] == 5
+
+    assert bench_realtime.main(argv) == 0 and len(played) == 7  # both arms finished: reused, nothing played
+    (out / "B" / "arm.json").unlink()
+    (out / "B" / "parts" / "000002" / "part.json").unlink()  # B cut off in its second part
+    assert bench_realtime.main(argv) == 0 and played[7:] == [(2, 2), (4, 1)]
+    (out / "B" / "arm.json").unlink()
+    assert bench_realtime.main(argv[:8] + ["6"] + argv[9:]) == 2  # other settings: its parts are not reused
+    assert len(played) == 9
