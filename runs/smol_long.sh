@@ -8,7 +8,9 @@
 # Env: SFT_STEPS (default 120, ~28 min), RL_STEPS (default 8, ~16 min), EVAL_LIMIT (held-out ladder tasks
 # per model, spread over the rungs; default 300, ~48 min a model), EDGE_TASKS (train tasks screened before
 # RL; default 48), EVAL_WORKERS (episodes at once in eval; default 16, the recipe's), HUMANEVAL_LIMIT (HumanEval
-# problems for base, SFT and RL through the harness; default all 164; 0 skips the stage).
+# problems for base, SFT and RL through the harness; default all 164; 0 skips the stage), CPT (1: continued
+# pretraining on the code mix before SFT, the recipe; 0: SFT straight from the pretrained base, the no-CPT arm of
+# the pretraining comparison: RUN=sl-nocpt CPT=0 SKIP_DATA=1 bash runs/smol_long.sh).
 # The SFT model is evaluated right after SFT, so its figure is on disk before RL starts; the last stage compares
 # SFT and RL with --resume, which reuses those episodes and plays only RL's.
 set -euo pipefail
@@ -16,7 +18,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUN=${RUN:-smol-long-$(date +%Y%m%d-%H%M%S)}
 SFT_STEPS=${SFT_STEPS:-120} RL_STEPS=${RL_STEPS:-8} EVAL_LIMIT=${EVAL_LIMIT:-300} EDGE_TASKS=${EDGE_TASKS:-48}
-EVAL_WORKERS=${EVAL_WORKERS:-16} HUMANEVAL_LIMIT=${HUMANEVAL_LIMIT:-164}
+EVAL_WORKERS=${EVAL_WORKERS:-16} HUMANEVAL_LIMIT=${HUMANEVAL_LIMIT:-164} CPT=${CPT:-1}
+[[ "$CPT" =~ ^[01]$ ]] || { echo "smol_long.sh: CPT=$CPT: expected 1 (continued pretraining, the recipe) or 0 (none)" >&2; exit 2; }
 LADDER=artifacts/smol_ladder
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false NANOCOMPOSER_PROGRESS=${NANOCOMPOSER_PROGRESS:-1}
 source runs/stages.sh
@@ -35,11 +38,15 @@ if [ -z "${SKIP_DATA:-}" ]; then
     --workers 2 --budget recipes/smol/budget.yaml --verify-template artifacts/base --overwrite
 fi
 
-stage cpt "1. continued pretraining on the code mix -> runs/$RUN/cpt"
-$PY train_cpt.py --config recipes/smol/cpt.yaml --run "$RUN"
+case "$CPT" in
+  1) stage cpt "1. continued pretraining on the code mix -> runs/$RUN/cpt"
+     $PY train_cpt.py --config recipes/smol/cpt.yaml --run "$RUN"
+     SFT_FROM="runs/$RUN/cpt" ;;
+  0) echo "CPT=0: no continued pretraining; SFT starts from the pretrained base"; SFT_FROM=artifacts/base ;;
+esac
 
-stage sft "2. SFT on the ladder ($SFT_STEPS steps) -> runs/$RUN/sft"
-$PY train_sft.py --config recipes/smol/sft.yaml --run "$RUN" --model_name_or_path "runs/$RUN/cpt" \
+stage sft "2. SFT on the ladder ($SFT_STEPS steps) from $SFT_FROM -> runs/$RUN/sft"
+$PY train_sft.py --config recipes/smol/sft.yaml --run "$RUN" --model_name_or_path "$SFT_FROM" \
   --dataset_path "$LADDER/sft/dataset" --max_steps "$SFT_STEPS" --check_tasks "$LADDER/tasks/val"
 
 stage eval_sft "2b. eval: the SFT model on $EVAL_LIMIT held-out ladder tasks (test split)"
