@@ -37,7 +37,9 @@ def _adapter_pairs(adapter: dict[str, torch.Tensor]):
     """(base weight name, lora_A, lora_B) for every adapted module of a PEFT state dict."""
     for key, a in adapter.items():
         if ".lora_A." in key:
-            b = adapter[key.replace(".lora_A.", ".lora_B.")]
+            b = adapter.get(key.replace(".lora_A.", ".lora_B."))
+            if b is None:
+                raise SystemExit(f"the adapter has {key!r} but no matching lora_B weight")
             yield key.replace("base_model.model.", "", 1).replace(".lora_A.weight", ".weight"), a, b
 
 
@@ -104,23 +106,26 @@ def _logprobs(model, seqs) -> torch.Tensor:
 def logprob_report(model_dir: str, adapter_dir: str, merged_dir: str | None, dataset: str, split: str,
                    max_length: int, limit: int | None) -> dict:
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import nanocomposer.smeared_llama  # noqa: F401 -- registers the tiny preset's architecture (any base can be read)
+    from nanocomposer.engine.checkpoints import ModelLoadError, load_model_and_tokenizer
 
     def load(path):
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        """The project's loader (the checkpoint's own dtype, as the stages load it) and its errors."""
+        try:
+            return load_model_and_tokenizer(path, "cpu")
+        except ModelLoadError as e:
+            raise SystemExit(f"merge_precision: {e}") from None
 
-    seqs = _assistant_sequences(dataset, split, AutoTokenizer.from_pretrained(model_dir), max_length, limit)
-    lp = {"base": _logprobs(load(model_dir), seqs)}
-    policy = PeftModel.from_pretrained(load(model_dir), adapter_dir).eval()
-    lp["policy"] = _logprobs(policy, seqs)
+    base, tokenizer = load(model_dir)
+    seqs = _assistant_sequences(dataset, split, tokenizer, max_length, limit)
+    # every model computed in fp32 (an exact upcast), so that only the weights differ
+    lp = {"base": _logprobs(base.float().eval(), seqs)}
+    lp["policy"] = _logprobs(PeftModel.from_pretrained(load(model_dir)[0].float(), adapter_dir).eval(), seqs)
     if merged_dir:
-        merged = load(merged_dir)
-    else:  # merge as the stages do: in the base's saved dtype, then computed in fp32 like the others
-        base_dtype = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").dtype
-        merged = PeftModel.from_pretrained(load(model_dir).to(base_dtype), adapter_dir).merge_and_unload()
-        merged = merged.float().eval()
+        merged = load(merged_dir)[0]
+    else:  # merged as the stages merge: in the dtype the base loads in
+        merged = PeftModel.from_pretrained(load(model_dir)[0], adapter_dir).merge_and_unload()
+    lp["merged"] = _logprobs(merged.float().eval(), seqs)
     lp["merged"] = _logprobs(merged, seqs)
     diff = lambda x, y: float((lp[x] - lp[y]).abs().mean())
     return {"tokens": int(lp["base"].numel()), "sequences": len(seqs),
@@ -148,8 +153,14 @@ def main(argv: list[str] | None = None) -> dict:
     for f in (model_file, adapter_file, Path(args.adapter) / "adapter_config.json"):
         if not f.is_file():
             raise SystemExit(f"{f}: not found")
-    config = json.loads((Path(args.adapter) / "adapter_config.json").read_text())
-    scale = config["lora_alpha"] / config["r"]
+    try:
+        config = json.loads((Path(args.adapter) / "adapter_config.json").read_text())
+        if config.get("rank_pattern") or config.get("alpha_pattern"):
+            raise ValueError("per-module rank_pattern/alpha_pattern is not supported")
+        scale = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"{Path(args.adapter) / 'adapter_config.json'}: not a LoRA adapter config this bench reads "
+                         f"({type(e).__name__}: {e})") from None
     dtype = None if args.dtype == "model" else getattr(torch, args.dtype)
     report = {"model": args.model, "adapter": args.adapter,
               "weights": weight_report(load_file(model_file), load_file(adapter_file), scale, dtype)}

@@ -41,6 +41,8 @@ def test_an_adapter_for_another_model_is_a_clear_error(weight):
                "base_model.model.other.lora_B.weight": torch.zeros(64, 1)}
     with pytest.raises(SystemExit, match="adapts 'other.weight', which the model does not have"):
         merge_precision.weight_report(weight, adapter, scale=1.0)
+    with pytest.raises(SystemExit, match="no matching lora_B weight"):
+        merge_precision.weight_report(weight, {"base_model.model.layer.lora_A.weight": torch.zeros(1, 32)}, scale=1.0)
     with pytest.raises(SystemExit, match="no lora_A/lora_B weights"):
         merge_precision.weight_report(weight, {}, scale=1.0)
 
@@ -67,3 +69,6 @@ def test_main_on_a_saved_micro_adapter(tmp_path):
     assert (tmp_path / "r.json").is_file()
     with pytest.raises(SystemExit, match="adapter_model.safetensors: not found"):
         merge_precision.main(["--model", str(base), "--adapter", str(tmp_path)])
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{broken")
+    with pytest.raises(SystemExit, match="adapter_config.json: not a LoRA adapter config"):
+        merge_precision.main(["--model", str(base), "--adapter", str(tmp_path / "adapter")])
