@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -41,6 +42,8 @@ class Server:
         token_file = Path(line.split("token file ")[1].split(",")[0])
         self.token = token_file.read_text().strip()
         assert token is None or self.token == token
+        # a generated token is safe to pass as `--token X` on a command line: never starts with "-"
+        assert token is not None or re.fullmatch(r"[0-9a-f]{64}", self.token), self.token
         assert token_file.stat().st_mode & 0o777 == 0o600
         headers = {"Authorization": f"Bearer {self.token}"}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=70)

@@ -207,8 +207,10 @@ def serve(*, host: str, port: int, token: str | None, db: str, registry: str, co
     reg.spec(reg.current())
     store = SessionStore(db, check=True)  # StoreError (one line naming the file) when damaged
     try:
-        token = token or secrets.token_urlsafe(32)
-        admin_token = secrets.token_urlsafe(32)
+        # hex, not urlsafe base64: one token in 64 of those starts with "-", and `--token -x...` on a command
+        # line (env.users, agent.py) is then read as a flag
+        token = token or secrets.token_hex(32)
+        admin_token = secrets.token_hex(32)
         token_file, admin_file = token_paths(db)
         write_secret(token_file, token)
         write_secret(admin_file, admin_token)
