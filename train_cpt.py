@@ -203,7 +203,8 @@ def main(script_args: CPTArguments, training_args: TrainingArguments, model_args
     # The step-0 evaluation (`eval_on_start`); kept in log_history across a resume.
     initial_eval = next((log for log in trainer.state.log_history if "eval_loss" in log and log["step"] == 0), None)
 
-    save_final_model(trainer.model, tokenizer, output_dir)
+    save_final_model(trainer.model, tokenizer, output_dir, source=model_args.model_name_or_path,
+                     revision=model_args.model_revision)
     steps_run = trainer.state.global_step - (int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0)
     tokens_per_second = (steps_run * training_args.per_device_train_batch_size
                          * training_args.gradient_accumulation_steps * max(1, training_args.world_size)

@@ -204,7 +204,8 @@ def main(script_args: RLScriptArguments, training_args: GRPOConfig, model_args: 
     finally:
         rollout.close()
     train_seconds = time.perf_counter() - started
-    save_final_model(trainer.model, tokenizer, output_dir)
+    save_final_model(trainer.model, tokenizer, output_dir, source=model_args.model_name_or_path,
+                     revision=model_args.model_revision)
     history = trainer.state.log_history
     steps_run = trainer.state.global_step - (int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0)
     metrics = {"global_step": trainer.state.global_step, "train_loss": train_result.training_loss,

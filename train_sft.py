@@ -234,7 +234,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     final_eval = final_eval or (trainer.evaluate() if trainer.eval_dataset is not None else {})
     # The step-0 evaluation (`eval_on_start`); kept in log_history across a resume.
     initial_eval = next((log for log in trainer.state.log_history if "eval_loss" in log and log["step"] == 0), {})
-    save_final_model(trainer.model, tokenizer, output_dir)
+    save_final_model(trainer.model, tokenizer, output_dir, source=model_args.model_name_or_path,
+                     revision=model_args.model_revision)
     steps_run = trainer.state.global_step - (int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0)
     metrics = {
         "global_step": trainer.state.global_step,

@@ -11,6 +11,8 @@
 # problems for base, SFT and RL through the harness; default all 164; 0 skips the stage), CPT (1: continued
 # pretraining on the code mix before SFT, the recipe; 0: SFT straight from the pretrained base, the no-CPT arm of
 # the pretraining comparison: RUN=sl-nocpt CPT=0 SKIP_DATA=1 bash runs/smol_long.sh).
+# SFT_SEED (SFT's seed: LoRA init and data order; default the recipe's) makes a second SFT run of the recipe,
+# which claim 1's replication needs: RUN=sl4 SFT_SEED=1 SKIP_DATA=1 bash runs/smol_long.sh.
 # The SFT model is evaluated right after SFT, so its figure is on disk before RL starts; the last stage compares
 # SFT and RL with --resume, which reuses those episodes and plays only RL's.
 set -euo pipefail
@@ -47,7 +49,8 @@ esac
 
 stage sft "2. SFT on the ladder ($SFT_STEPS steps) from $SFT_FROM -> runs/$RUN/sft"
 $PY train_sft.py --config recipes/smol/sft.yaml --run "$RUN" --model_name_or_path "$SFT_FROM" \
-  --dataset_path "$LADDER/sft/dataset" --max_steps "$SFT_STEPS" --check_tasks "$LADDER/tasks/val"
+  --dataset_path "$LADDER/sft/dataset" --max_steps "$SFT_STEPS" --check_tasks "$LADDER/tasks/val" \
+  ${SFT_SEED:+--seed "$SFT_SEED"}
 
 stage eval_sft "2b. eval: the SFT model on $EVAL_LIMIT held-out ladder tasks (test split)"
 # Written where the comparison below looks for it (eval.py --compare: <out-dir>/<slug of run/sft>/results.json).

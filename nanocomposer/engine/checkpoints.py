@@ -77,13 +77,14 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _load_weights(path: Path, where: str, device: str):
+def _load_weights(path: Path, where: str, device: str, dtype=None):
     from transformers import AutoModelForCausalLM
 
     try:
         # The checkpoint's own dtype, except a bf16/fp16 one on a CPU without bf16 arithmetic, where emulated
         # half precision decodes many times slower than fp32 (nanocomposer.dtypes): upcast, which loses nothing.
-        dtype = "auto" if str(device).startswith("cuda") or native_bf16(device) else torch.float32
+        if dtype is None:
+            dtype = "auto" if str(device).startswith("cuda") or native_bf16(device) else torch.float32
         model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, dtype=dtype)
     except Exception as e:  # corrupt safetensors, unknown architecture, shape errors: all name the path
         raise ModelLoadError(f"{where}: weights failed to load: {type(e).__name__}: {e}") from e
@@ -113,16 +114,18 @@ def _adapter_base(path: Path, where: str) -> Path:
 
 
 def _load_adapter(path: Path, base_path: Path, where: str, device: str):
-    """Base model + PEFT adapter, merged: this is an inference copy (RL passes the live model instead).
+    """Base model + PEFT adapter, merged in fp32: this is an inference copy (RL passes the live model instead).
 
     Equivalent to peft's AutoPeftModelForCausalLM, but the base goes through `_load_weights`, so a
-    broken base is reported (and missing tensors caught) like any other checkpoint.
+    broken base is reported (and missing tensors caught) like any other checkpoint. The merge is in fp32 whatever
+    the base's dtype: merged into bf16 weights most of a small update rounds away (model_io.save_final_model).
     """
     try:
         from peft import PeftModel
     except ImportError as e:
         raise ModelLoadError(f"{where}: is a PEFT adapter but peft is not installed") from e
-    base_model = _load_weights(base_path, f"base model {str(base_path)!r} of adapter {str(path)!r}", device)
+    base_model = _load_weights(base_path, f"base model {str(base_path)!r} of adapter {str(path)!r}", device,
+                               dtype=torch.float32)
     try:
         model = PeftModel.from_pretrained(base_model, path)
     except Exception as e:

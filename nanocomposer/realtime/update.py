@@ -198,7 +198,8 @@ def train_candidate(items: list[dict], *, model_path: str, out_dir: Path, traini
                    drift_diff_max=max([c["max_abs_diff"] for c in trainer.logprob_checks[1:]], default=0.0),
                    log_history=trainer.state.log_history)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out_dir.name}-", dir=out_dir.parent))
-    save_final_model(trainer.model, tokenizer, tmp)
+    save_final_model(trainer.model, tokenizer, tmp, source=model_args.model_name_or_path,
+                     revision=model_args.model_revision)
     (tmp / "version.json").write_text(json.dumps({**meta, "steps": steps, "samples": len(items)}, indent=1) + "\n")
     os.replace(tmp, out_dir)  # complete: the registry sees it now
     shutil.rmtree(work, ignore_errors=True)
