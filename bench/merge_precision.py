@@ -4,10 +4,12 @@
     python -m bench.merge_precision --model runs/sl3/sft --adapter runs/sl3-rl-s1/rl/checkpoint-16 \
         --dataset artifacts/smol_ladder/sft/dataset --merged runs/sl3-rl-s1/rl
 
-Every stage that trains LoRA saves its model merged (nanocomposer/model_io.py), in the base's dtype. Training
-ran the base plus an unmerged adapter; the merge adds the adapter's delta B @ A * alpha / r to each weight and
-rounds the sum to the base's dtype. A bf16 weight has 8 bits of mantissa, so any part of the delta under half the
-spacing between bf16 numbers near that weight (about 0.2-0.4% of it) rounds away, deterministically, not as noise.
+Every stage that trains LoRA saves its model merged (nanocomposer/model_io.py). Training ran the base plus an
+unmerged adapter; the merge adds the adapter's delta B @ A * alpha / r to each weight and rounds the sum to the
+dtype it is merged in. The stages used to merge in the base's compute dtype (bf16 with `dtype: auto` on a bf16
+CPU or GPU); they now merge into the source checkpoint read in fp32 and save fp32, because of what this measures. A bf16
+weight has 8 bits of mantissa, so any part of the delta under half the spacing between bf16 numbers near that
+weight (about 0.2-0.4% of it) rounds away, deterministically, not as noise.
 
 Weights (always): for the adapter's modules, |delta| / |W| (relative L2), the error the rounding leaves,
 |merged - W - delta| / |delta|, and the share of weights the merge changes at all. No forward pass.

@@ -51,11 +51,12 @@ from env.metrics import paired_bootstrap_interval, wilson_interval
 from nanocomposer.policies import POLICY_BACKENDS
 from nanocomposer.reporting import write_json_atomic
 
-METRICS = (("persisting_edits", "rate"), ("dissatisfied_followups", "rate"), ("latency_s", "mean"))
+METRICS = (("persisting_edits", "rate"), ("dissatisfied_followups", "rate"), ("needless_questions", "rate"),
+           ("latency_s", "mean"))
 
 
 def conversations(db: Path) -> dict[str, dict]:
-    """client -> {persisting_edits, dissatisfied_followups, latency_s} of its first session."""
+    """client -> {persisting_edits, dissatisfied_followups, needless_questions, latency_s} of its first session."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         sessions = conn.execute("SELECT id, client, wall_s FROM sessions WHERE parent_id IS NULL AND wall_s IS NOT "
@@ -67,6 +68,7 @@ def conversations(db: Path) -> dict[str, dict]:
         conn.close()
     return {client: {"persisting_edits": float("kept" in kinds.get(sid, set())),
                      "dissatisfied_followups": float("followup_dissatisfied" in kinds.get(sid, set())),
+                     "needless_questions": float("question_needless" in kinds.get(sid, set())),
                      "latency_s": float(wall)} for sid, client, wall in sessions}
 
 
@@ -314,23 +316,23 @@ def monitor_warnings(loop: Path, folder: Path) -> list[str] | None:
 def cycles_markdown(run_dir: Path) -> str:
     loop = run_dir / "realtime" if (run_dir / "realtime").is_dir() else run_dir
     lines = [f"## {loop}", "", ("| cycle | served by | sessions | persisting edits | dissatisfied | malformed "
-                                "sessions | ask_user | edit rate | latency s | decision | monitor |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+                                "sessions | ask_user | needless questions | edit rate | latency s | decision | monitor |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for folder in sorted((loop / "cycles").iterdir(), key=lambda p: int(p.name)):
         if not (folder / "cycle.json").is_file():
             continue
         live = json.loads((folder / "collect.json").read_text())["live"]
         cycle = json.loads((folder / "cycle.json").read_text())
 
-        def rate(key: str, live=live) -> str:
-            return f"{live[key]['rate']:.1%}" if live["sessions"] else "-"
+        def rate(key: str, live=live) -> str:  # "-": no sessions, or a loop that predates the rate
+            return f"{live[key]['rate']:.1%}" if live["sessions"] and key in live else "-"
 
         decision = cycle.get("decision") or f"rolled back {cycle.get('rolled_back')}"
         warnings = monitor_warnings(loop, folder)
         monitor = "-" if warnings is None else ("; ".join(warnings) or "ok")
         lines.append(f"| {cycle['cycle']} | {cycle['served_by']} | {live['sessions']} | {rate('persisting_edit_rate')} "
                      f"| {rate('dissatisfied_rate')} | {rate('malformed_session_rate')} | {rate('ask_user_rate')} | "
-                     f"{rate('edit_rate')} | {live['latency_s']['mean']:.1f} | {decision} | {monitor} |")
+                     f"{rate('needless_question_rate')} | {rate('edit_rate')} | {live['latency_s']['mean']:.1f} | {decision} | {monitor} |")
     return "\n".join(lines) + "\n"
 
 

@@ -20,8 +20,9 @@ ablations:
   (the broken variant: an episode with a malformed call leaves training; every component returns None for
   it, which TRL turns into a NaN reward, excludes from the group baseline and gives advantage 0, and the
   rollout zeroes its loss mask).
-- free questions, `ask_user_handling`: "penalize" (the fix: `failed_actions` counts questions like failed edits) or
-  "free" (the broken variant: only failed edits cost, so asking instead of editing is free).
+- free questions, `ask_user_handling`: "penalize" (the fix: `failed_actions` counts questions like failed edits, and
+  in the real-time loop `needless_question` charges a question the user did not need what a reverted edit costs)
+  or "free" (the broken variant: only failed edits cost, so asking instead of editing is free; both return 0).
 """
 
 from __future__ import annotations
@@ -192,8 +193,9 @@ def make_failed_actions(penalize_questions: bool = True) -> RewardFunc:
 
 # --------------------------------------------------------------------------- live sessions (real-time RL)
 # Components of the agent server's sessions (nanocomposer/realtime): the facts also hold `live`, what the user
-# did with the session by the cycle's cut-off: {"kept", "reverted", "dissatisfied"} (booleans; `dissatisfied`:
-# a dissatisfied follow-up or the user gave up). Malformed calls, latency and ask_user (`failed_actions`, with
+# did with the session by the cycle's cut-off: {"kept", "reverted", "dissatisfied", "needless_question"}
+# (booleans; `dissatisfied`: a dissatisfied follow-up or the user gave up; `needless_question`: the user said a
+# question was needless, env/users.py). Malformed calls, latency and ask_user (`failed_actions`, with
 # the free-questions switch) are the components above, read from the same facts.
 
 
@@ -220,6 +222,15 @@ def dissatisfied(completions, **kwargs) -> list[float]:
     return [-1.0 if live["dissatisfied"] else 0.0 for live in _live(kwargs, "dissatisfied")]
 
 
+def needless_question(completions, **kwargs) -> list[float]:
+    """-1 when the user said the session's question was needless: the request already said everything.
+
+    The rebalance of the free-questions hack: `failed_actions` charges a question 1/max_turns of its weight
+    whether or not it was needed, so a question stays cheaper than a risky edit (`edit_reverted`). At the weight
+    of `edit_reverted`, a needless question costs what a reverted edit costs, and a needed one nothing."""
+    return [-1.0 if live.get("needless_question") else 0.0 for live in _live(kwargs, "needless_question")]
+
+
 REWARDS: dict[str, RewardFunc] = {
     "outcome": outcome,
     "outcome_submitted": outcome_submitted,
@@ -236,6 +247,7 @@ REWARDS: dict[str, RewardFunc] = {
     "edit_kept": edit_kept,
     "edit_reverted": edit_reverted,
     "dissatisfied": dissatisfied,
+    "needless_question": needless_question,
 }
 
 
@@ -246,6 +258,16 @@ def drop_marked(func: RewardFunc) -> RewardFunc:
     def wrapped(completions, **kwargs):
         values = func(completions, **kwargs)
         return [None if e["dropped"] else v for e, v in zip(_facts(kwargs, func.__name__), values, strict=True)]
+
+    return wrapped
+
+
+def _free_questions(func: RewardFunc) -> RewardFunc:
+    """`func` with every question free: 0 for every session (the free-questions switch)."""
+
+    @functools.wraps(func)
+    def wrapped(completions, **kwargs):
+        return [0.0 if v is not None else None for v in func(completions, **kwargs)]
 
     return wrapped
 
@@ -267,5 +289,7 @@ def get_reward_funcs(names: list[str], *, malformed_handling: str = "penalize",
         func = REWARDS[name]
         if name == "failed_actions":
             func = make_failed_actions(penalize_questions=ask_user_handling == "penalize")
+        elif name == "needless_question" and ask_user_handling == "free":
+            func = _free_questions(func)
         funcs.append(drop_marked(func) if malformed_handling == "drop" else func)
     return funcs

@@ -14,7 +14,8 @@ timing, so the same seed, offset and limit replay the same sessions, each sent w
 conversation (the server derives its sampling seeds from it, so a server with the same `--seed` samples the
 same tokens). The user sends the task's instruction (POST /sessions with the task directory), follows the
 session's turns (long-poll), answers `ask_user` questions (from the hidden spec with probability
-`answer_helpful_p`, else "just do it"), and gives up on a session slower than its patience (feedback
+`answer_helpful_p`, else "just do it"; a question on a request that left nothing out also gets the feedback
+`question_needless`, once a session: `question_needed`), and gives up on a session slower than its patience (feedback
 `abandoned`). When the session ends the user judges it with information the agent never saw:
 the session's diff applied (`patch -p1` names, by env/patches.py, the one diff parser: a path outside the copy
 is refused, never written) to a fresh copy of the task repo, graded by `env.grading.grade` with
@@ -134,6 +135,13 @@ def hidden_spec(task: Task) -> str:
     if not names:
         return task.instruction
     return "It is right when these tests pass: " + ", ".join(names[:8])
+
+
+def question_needed(task: Task) -> bool:
+    """Whether the request leaves out something only the user knows: a task with a scripted `user_answer` (as
+    ladder_ask's). Asking is right there; on any other task the instruction is the whole request, and a
+    question is one the user did not need to be asked."""
+    return bool(task.meta.get("user_answer"))
 
 
 def judge(task: Task, diff: str, submission: str) -> bool:
@@ -266,7 +274,7 @@ class Simulation:
 
         A user who gives up says so (feedback `abandoned`) and walks away: no follow-up on a session still running.
         """
-        t0, after = time.monotonic(), 0
+        t0, after, flagged = time.monotonic(), 0, False
         while True:
             r = self.http.get(f"/sessions/{session_id}", params={"after_turn": after, "wait_s": self.pop.poll_s})
             if r.status_code != 200:
@@ -285,6 +293,9 @@ class Simulation:
                 text = hidden_spec(task) if helpful else rng.choice(self.pop.just_do_it)
                 if self.http.post(f"/sessions/{session_id}/messages", json={"text": text}).status_code == 200:
                     self.count("answers_helpful" if helpful else "answers_just_do_it")
+                if not flagged and not question_needed(task):
+                    self.feedback(session_id, "question_needless")
+                    flagged = True
             if time.monotonic() - t0 > patience * self.pop.give_up_factor:
                 self.feedback(session_id, "abandoned", value=round(time.monotonic() - t0, 3))
                 self.count("gave_up")

@@ -104,6 +104,33 @@ def test_session_rewards_and_the_two_hack_switches():
         get_reward_funcs(["edit_kept"])[0](None, episode=[{"dropped": False}])
 
 
+def test_a_needless_question_costs_what_a_reverted_edit_costs_unless_questions_are_free(tmp_path):
+    from nanocomposer.realtime.rewards import reward_by_behaviour
+
+    store = SessionStore(tmp_path / "s.db")
+    asked = _session(store, "v1")
+    store.add_feedback(asked, "question_needless")
+    data = collect(tmp_path / "s.db", current="v1", cutoff=time.time(), previous_cutoff=None, consumed=set(),
+                   stale_sessions="drop")
+    live = data["sessions"][0]["live"]
+    assert live["needless_question"] and not live["dissatisfied"]
+
+    def facts(needless: bool, reverted: bool) -> dict:
+        return {"live": {"kept": False, "reverted": reverted, "dissatisfied": False, "needless_question": needless},
+                "ask_user_calls": int(needless), "edits": int(reverted), "failed_edits": 0, "max_turns": 8,
+                "malformed_calls": 0, "dropped": False}
+
+    sessions = [facts(True, False), facts(False, True)]  # a needless question; a reverted edit
+    names, weights = ["edit_reverted", "failed_actions", "needless_question"], [0.5, 0.2, 0.5]
+    fixed = reward_by_behaviour(get_reward_funcs(names), weights, sessions)
+    assert fixed["reward_by_behaviour/asked/mean"] == pytest.approx(-0.5 - 0.2 / 8)  # no cheaper than the edit
+    assert fixed["reward_by_behaviour/edited/mean"] == pytest.approx(-0.5)
+    free = reward_by_behaviour(get_reward_funcs(names, ask_user_handling="free"), weights, sessions)
+    assert free["reward_by_behaviour/asked/mean"] == 0.0 and free["reward_by_behaviour/edited/mean"] == -0.5
+    # sessions recorded before the signal existed have no such key: no question was called needless
+    assert get_reward_funcs(["needless_question"])[0](None, episode=[{"live": {"kept": True}}]) == [0.0]
+
+
 def test_reward_by_behaviour_splits_sessions_that_asked_edited_or_neither():
     from nanocomposer.realtime.rewards import reward_by_behaviour
 
@@ -377,6 +404,8 @@ def test_ab_table_pairs_conversations(tmp_path):
             with sqlite3.connect(tmp_path / f"{name}.db") as conn:
                 conn.execute("UPDATE sessions SET wall_s = ? WHERE id = ?", (1.0 + i, sid))
             store.add_feedback(sid, "kept" if k else "followup_dissatisfied")
+            if i == 0 and name == "a":
+                store.add_feedback(sid, "question_needless")
         return conversations(tmp_path / f"{name}.db")
 
     table = ab_table(arm("a", [True, False, False, True]), arm("b", [True, True, False, True]))
@@ -384,6 +413,7 @@ def test_ab_table_pairs_conversations(tmp_path):
     assert table["paired_conversations"] == 4 and kept["a"] == 0.5 and kept["b"] == 0.75
     assert kept["diff"] == pytest.approx(0.25) and kept["relative"] == pytest.approx(0.5)
     assert table["metrics"]["dissatisfied_followups"]["diff"] == pytest.approx(-0.25)
+    assert table["metrics"]["needless_questions"]["a"] == 0.25 and table["metrics"]["needless_questions"]["b"] == 0.0
     assert "| persisting edits | 50.0%" in ab_markdown(table, "v0", "v5")
 
 

@@ -160,7 +160,7 @@ def test_a_rerun_of_the_ab_reuses_a_finished_arm_and_sets_an_unfinished_one_asid
         out.mkdir(parents=True, exist_ok=True)
         arm = {"spec": spec, "settings": bench_realtime.arm_settings(spec, args, draw), "users": {},
                "conversations": {"c0": {"persisting_edits": float(spec == "vB"), "dissatisfied_followups": 0.0,
-                                       "latency_s": 1.0}}}
+                                       "needless_questions": 0.0, "latency_s": 1.0}}}
         (out / "arm.json").write_text(json.dumps(arm))
         return arm
 
@@ -209,8 +209,8 @@ def test_an_ab_arm_cut_off_continues_from_its_last_finished_part(tmp_path, traff
                 "feedback_by_kind": {"kept": 1}, "seed": 7, "latencies": [], "accepted_ids": []}
 
     def fake_conversations(db):
-        return {c: {"persisting_edits": 1.0, "dissatisfied_followups": 0.0, "latency_s": 2.0}
-                for c in db.read_text().split()}
+        return {c: {"persisting_edits": 1.0, "dissatisfied_followups": 0.0, "needless_questions": 0.0,
+                    "latency_s": 2.0} for c in db.read_text().split()}
 
     monkeypatch.setattr(server_module, "AgentServer", PartServer)
     monkeypatch.setattr(server_module, "run_users", fake_users)

@@ -1,5 +1,6 @@
 """env/users.py: the simulated developer's judgement and reactions, against a scripted fake server."""
 
+import dataclasses
 import http.server
 import json
 import signal
@@ -22,6 +23,7 @@ from env.users import (
     interleaved_by_family,
     judge,
     load_population,
+    question_needed,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,8 +76,10 @@ def test_a_correct_result_is_kept_and_rated_high():
     server = FakeServer(TASK.gold_patch)
     report = simulate(server, answer_helpful_p=1.0)
     assert server.messages[0][1] == hidden_spec(TASK) and "test_" in hidden_spec(TASK)  # the hidden spec
-    assert server.feedback == [("s1", "applied", None), ("s1", "kept", None), ("s1", "rating", 5.0)]
-    assert report["accepted"] == 1 and report["feedback_sent"] == 3 and report["stats"]["passed"] == 1
+    # the request was complete (no scripted answer): the question was needless, and the user says so once
+    assert server.feedback == [("s1", "question_needless", None), ("s1", "applied", None), ("s1", "kept", None),
+                               ("s1", "rating", 5.0)]
+    assert report["accepted"] == 1 and report["feedback_sent"] == 4 and report["stats"]["passed"] == 1
 
 
 def test_a_wrong_result_is_reverted_and_followed_up():
@@ -83,19 +87,32 @@ def test_a_wrong_result_is_reverted_and_followed_up():
     report = simulate(server, answer_helpful_p=0.0, followup_p=1.0, max_followups=1)
     assert server.messages[0][1] in Population().just_do_it
     kinds = [(sid, kind) for sid, kind, _ in server.feedback]
-    assert kinds == [("s1", "applied"), ("s1", "reverted"), ("s1", "rating"), ("s1", "followup_dissatisfied"),
-                     ("s2", "applied"), ("s2", "reverted"), ("s2", "rating")]  # one follow-up at most
+    assert kinds == [("s1", "question_needless"), ("s1", "applied"), ("s1", "reverted"), ("s1", "rating"),
+                     ("s1", "followup_dissatisfied"), ("s2", "question_needless"), ("s2", "applied"),
+                     ("s2", "reverted"), ("s2", "rating")]  # one follow-up at most
     assert server.sessions["s2"]["parent_id"] == "s1" and report["accepted"] == 2
     assert report["feedback_sent"] == len(server.feedback) and report["stats"]["not_passed"] == 2
+
+
+def test_a_question_the_request_needed_is_not_called_needless():
+    """A task whose request leaves out what only the user knows (a scripted user_answer, as ladder_ask's)."""
+    underspecified = dataclasses.replace(TASK, meta={**TASK.meta, "user_answer": "Use 400."})
+    assert question_needed(underspecified) and not question_needed(TASK)
+    server = FakeServer(TASK.gold_patch)
+    pop = Population(seed=0, concurrency=1, poll_s=0.01, answer_delay_s=(0, 0), rating_noise_sd=0, keep_noise_p=0,
+                     revert_delay_s=(0, 0), answer_helpful_p=1.0)
+    Simulation("http://fake", [underspecified], pop, transport=httpx.MockTransport(server.handler)).run(1, drain_s=5)
+    assert server.messages[0][1] == "Use 400."  # answered from the hidden spec
+    assert [k for _, k, _ in server.feedback] == ["applied", "kept", "rating"]
 
 
 def test_an_empty_result_is_not_applied_and_noise_can_keep_a_wrong_one():
     server = FakeServer("")
     simulate(server, followup_p=0.0)
-    assert [k for _, k, _ in server.feedback] == ["rating"]
+    assert [k for _, k, _ in server.feedback] == ["question_needless", "rating"]
     server = FakeServer(WRONG)
     simulate(server, followup_p=0.0, keep_noise_p=1.0)
-    assert [k for _, k, _ in server.feedback] == ["applied", "kept", "rating"]
+    assert [k for _, k, _ in server.feedback] == ["question_needless", "applied", "kept", "rating"]
 
 
 def test_a_slow_session_is_abandoned():
@@ -103,7 +120,7 @@ def test_a_slow_session_is_abandoned():
     pop = Population(poll_s=0.01, patience_s=(0.05, 0.05), give_up_factor=1.0, answer_delay_s=(0, 0))
     sim = Simulation("http://fake", [TASK], pop, transport=httpx.MockTransport(server.handler))
     sim.conversation(0)
-    assert [k for _, k, _ in server.feedback] == ["abandoned"] and sim.stats["gave_up"] == 1
+    assert [k for _, k, _ in server.feedback] == ["question_needless", "abandoned"] and sim.stats["gave_up"] == 1
 
 
 def test_judge_uses_the_hidden_tests():
@@ -212,7 +229,8 @@ def test_a_stop_ends_the_run_with_a_report_and_makes_up_no_feedback():
     assert time.monotonic() - t0 < 10 and report["stopped"] is True
     assert report["conversations"] == 6 and report["conversations_started"] == 2  # no conversation after the stop
     assert len(report["conversation_tasks"]) == 2 and report["stats"]["cut_at_stop"] == 2
-    assert server.feedback == [] and report["feedback_sent"] == 0  # no "abandoned" made up for the stop
+    # only what the users said before the stop (the question each was asked); no "abandoned" made up for it
+    assert [k for _, k, _ in server.feedback] == ["question_needless"] * 2 and report["feedback_sent"] == 2
     assert report["unfinished_after_drain"] == []  # the stop does not wait for the server's sessions
 
 
@@ -223,7 +241,8 @@ def test_a_stop_during_the_revert_delay_sends_no_revert():
     sim = Simulation("http://fake", [TASK], pop, transport=httpx.MockTransport(server.handler))
     threading.Timer(0.3, sim.stop).start()
     report = sim.run(1, drain_s=5)
-    assert [k for _, k, _ in server.feedback] == ["applied"] and report["stats"]["cut_at_stop"] == 1
+    assert [k for _, k, _ in server.feedback] == ["question_needless", "applied"]
+    assert report["stats"]["cut_at_stop"] == 1
     assert report["accepted"] == 1 and report["stopped"] is True
 
 

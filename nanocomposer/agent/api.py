@@ -13,8 +13,8 @@
     POST /sessions/{id}/messages      {"text"}: answers a pending ask_user question (200), or, on an ended
                                       session, starts a follow-up session (202 {"id", "parent_id"}); 409 while the
                                       session runs without a question
-    POST /sessions/{id}/feedback      {"kind": applied|kept|reverted|followup_dissatisfied|rating|abandoned,
-                                      "value": number (rating: 1-5), "text"} -> 201 {"id"}
+    POST /sessions/{id}/feedback      {"kind": applied|kept|reverted|followup_dissatisfied|rating|abandoned|
+                                      question_needless, "value": number (rating: 1-5), "text"} -> 201 {"id"}
     GET  /health; GET /admin/versions; POST /admin/promote {"version"}
     GET  /v1/models; POST /v1/chat/completions   OpenAI-compatible, served by the current version (openai_api.py)
 

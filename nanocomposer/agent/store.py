@@ -38,7 +38,7 @@ TERMINAL = frozenset({"finished", "timed_out", "failed", "interrupted"})
 # Every write of a status matches only a session that has not ended: an ended session keeps its end (a server
 # stopping while a worker records a finished episode must not make it `interrupted`, nor the reverse).
 _NOT_ENDED = "status IN ({})".format(", ".join(f"'{s}'" for s in STATUSES if s not in TERMINAL))
-FEEDBACK_KINDS = ("applied", "kept", "reverted", "followup_dissatisfied", "rating", "abandoned")
+FEEDBACK_KINDS = ("applied", "kept", "reverted", "followup_dissatisfied", "rating", "abandoned", "question_needless")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (

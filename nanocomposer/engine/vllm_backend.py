@@ -66,6 +66,9 @@ def start_vllm(path: Path, seed: int, max_context: int, gpu_memory: float):
     """The engine, with the settings the Completion contract depends on (see the module docstring)."""
     from vllm import LLM
 
+    # dtype auto serves an fp32 checkpoint (what every LoRA stage saves, model_io.save_final_model) in half
+    # precision (vLLM's documented rule: fp16 for fp32 models), which rounds part of a small LoRA update away again
+    # (fp16 keeps 8x finer steps than bf16). float32 would be exact at twice the memory; not yet run on a GPU here.
     try:
         return LLM(model=str(path), tokenizer=str(path), dtype="auto", seed=seed, max_model_len=max_context,
                    enable_prefix_caching=True, gpu_memory_utilization=gpu_memory,

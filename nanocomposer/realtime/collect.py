@@ -38,6 +38,7 @@ def live_outcome(feedback: list[dict]) -> dict:
     return {"applied": kinds["applied"] > 0, "kept": kinds["kept"] > 0, "reverted": kinds["reverted"] > 0,
             "followup": kinds["followup_dissatisfied"] > 0, "abandoned": kinds["abandoned"] > 0,
             "dissatisfied": kinds["followup_dissatisfied"] > 0 or kinds["abandoned"] > 0,
+            "needless_question": kinds["question_needless"] > 0,
             "rating": sum(ratings) / len(ratings) if ratings else None}
 
 

@@ -52,14 +52,15 @@ class RealtimeArguments(StageArguments):
                                                    "choices": list(POLICY_BACKENDS)})
     reward_funcs: list[str] = field(
         default_factory=lambda: ["edit_kept", "edit_reverted", "dissatisfied", "latency", "malformed",
-                                 "failed_actions"],
+                                 "failed_actions", "needless_question"],
         metadata={"help": "Components from env/rewards.py's REWARDS; weights in `reward_weights`."})
     malformed_handling: str = field(default="penalize", metadata={
         "help": "penalize: each malformed call is an explicit negative. drop: sessions with one leave training "
                 "(malformed calls dropped).", "choices": ["penalize", "drop"]})
     ask_user_handling: str = field(default="penalize", metadata={
-        "help": "penalize: ask_user costs like a failed edit. free: questions cost nothing while reverted edits "
-                "do (free questions).", "choices": ["penalize", "free"]})
+        "help": "penalize: ask_user costs like a failed edit, and needless_question (where named) charges a "
+                "question the user did not need. free: questions cost nothing while reverted edits do (free "
+                "questions).", "choices": ["penalize", "free"]})
     stale_sessions: str = field(default="drop", metadata={
         "help": "Sessions served by another version than current: drop them (counted), or train on them with "
                 "their sampling logprobs as the PPO ratio's denominator (importance_weight).",

@@ -2,7 +2,7 @@
 
 Per session: persisting edit (the user kept the edit: Composer's "edits that persist"), reverted edit,
 dissatisfied (a dissatisfied follow-up or the user gave up), latency (the session's wall time), and the
-behaviour rates the hacks move (malformed calls, ask_user, edits). Rates come with Wilson 95% intervals.
+behaviour rates the hacks move (malformed calls, ask_user, edits, questions the user called needless). Rates come with Wilson 95% intervals.
 
 Rollback: a version promoted by the gate is compared, on its first cycle of traffic, with its parent's
 previous cycle. It is rolled back when its persisting-edit rate is lower, or its dissatisfied rate higher,
@@ -22,7 +22,8 @@ RATES = {"persisting_edit_rate": lambda s, f: s["live"]["kept"],
          "dissatisfied_rate": lambda s, f: s["live"]["dissatisfied"],
          "edit_rate": lambda s, f: f["edits"] > 0,
          "malformed_session_rate": lambda s, f: f["malformed_calls"] > 0,
-         "ask_user_rate": lambda s, f: f["ask_user_calls"] > 0}
+         "ask_user_rate": lambda s, f: f["ask_user_calls"] > 0,
+         "needless_question_rate": lambda s, f: s["live"].get("needless_question", False)}
 
 
 def live_metrics(sessions: list[dict], facts: list[dict]) -> dict:

@@ -18,14 +18,14 @@ import math
 
 from env.rewards import episode_facts
 
-LIVE_KEYS = ("kept", "reverted", "dissatisfied")
+LIVE_KEYS = ("kept", "reverted", "dissatisfied", "needless_question")
 
 
 def session_facts(record: dict, live: dict, *, max_turns: int, token_budget: int, max_wall_s: float,
                   malformed_handling: str) -> dict:
     """episode_facts of the session's record (SessionStore.export_record) with the user's outcome as `live`."""
     facts = episode_facts(record, max_turns=max_turns, token_budget=token_budget, max_wall_s=max_wall_s)
-    facts["live"] = {k: bool(live[k]) for k in LIVE_KEYS}
+    facts["live"] = {k: bool(live.get(k)) for k in LIVE_KEYS}
     facts["dropped"] = malformed_handling == "drop" and facts["malformed_calls"] > 0  # malformed calls dropped: leaves training
     return facts
 
