@@ -88,7 +88,11 @@ def save_final_model(model, tokenizer, output_dir: Path, *, source: str, revisio
 
     if isinstance(model, PeftModel):
         if model.get_base_model().get_input_embeddings().weight.dtype in (torch.float16, torch.bfloat16):
-            model = _fp32_master(model, source, revision)
+            try:
+                model = _fp32_master(model, source, revision)
+            except (ConfigError, RuntimeError) as e:  # the trained update is kept, unmerged, before saying so
+                model.save_pretrained(Path(output_dir) / "adapter")
+                raise ConfigError(f"{e}; the trained adapter is saved unmerged in {Path(output_dir) / 'adapter'}") from e
         model = model.merge_and_unload()
     model.config.use_cache = True  # restored for generation; training turned it off (see load_model)
     model.save_pretrained(output_dir)
@@ -107,7 +111,7 @@ def _fp32_master(model, source: str, revision: str | None):
         raise
     except Exception as e:  # moved, corrupt or unreadable since the stage loaded it
         raise ConfigError(f"model_name_or_path {source}: could not read it again in fp32 to merge the trained "
-                          f"adapter into ({first_line(e)}); the adapter is in the trainer's checkpoints") from e
+                          f"adapter into ({first_line(e)})") from e
     master = get_peft_model(master, model.peft_config[name])
     result = set_peft_model_state_dict(master, get_peft_model_state_dict(model, adapter_name=name))
     unexpected = list(getattr(result, "unexpected_keys", ()) or ())

@@ -101,9 +101,10 @@ def test_a_source_that_no_longer_loads_is_a_clear_error(tmp_path, source):
 
     peft_model = lora_on(AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16))
     (source / "model.safetensors").write_bytes(b"truncated")
-    with pytest.raises(ConfigError, match=r"source.*could not read it again in fp32.*trainer's checkpoints"):
+    with pytest.raises(ConfigError, match=r"source.*could not read it again in fp32.*saved unmerged in .*adapter"):
         save_final_model(peft_model, load_tokenizer(str(source)), tmp_path / "out", source=str(source))
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out" / "model.safetensors").exists()  # no model that is not the trained one
+    assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").is_file()  # and the update is not lost
 
 
 def test_the_loader_merges_an_adapter_on_a_bf16_base_in_fp32(tmp_path, source):
