@@ -7,9 +7,9 @@
 Every stage that trains LoRA saves its model merged (nanocomposer/model_io.py). Training ran the base plus an
 unmerged adapter; the merge adds the adapter's delta B @ A * alpha / r to each weight and rounds the sum to the
 dtype it is merged in. The stages used to merge in the base's compute dtype (bf16 with `dtype: auto` on a bf16
-CPU or GPU); they now merge into the source checkpoint read in fp32 and save fp32, because of what this measures. A bf16
-weight has 8 bits of mantissa, so any part of the delta under half the spacing between bf16 numbers near that
-weight (about 0.2-0.4% of it) rounds away, deterministically, not as noise.
+CPU or GPU); they now merge into the source checkpoint read in fp32 and save fp32, because of what this
+measures. A bf16 weight has 8 bits of mantissa, so any part of the delta under half the spacing between bf16
+numbers near that weight (about 0.2-0.4% of it) rounds away, deterministically, not as noise.
 
 Weights (always): for the adapter's modules, |delta| / |W| (relative L2), the error the rounding leaves,
 |merged - W - delta| / |delta|, and the share of weights the merge changes at all. No forward pass.
@@ -125,10 +125,9 @@ def logprob_report(model_dir: str, adapter_dir: str, merged_dir: str | None, dat
     lp["policy"] = _logprobs(PeftModel.from_pretrained(load(model_dir)[0].float(), adapter_dir).eval(), seqs)
     if merged_dir:
         merged = load(merged_dir)[0]
-    else:  # merged as the stages merge: in the dtype the base loads in
+    else:  # merged in the dtype the base loads in (what the stages did before they merged in fp32)
         merged = PeftModel.from_pretrained(load(model_dir)[0], adapter_dir).merge_and_unload()
     lp["merged"] = _logprobs(merged.float().eval(), seqs)
-    lp["merged"] = _logprobs(merged, seqs)
     diff = lambda x, y: float((lp[x] - lp[y]).abs().mean())
     return {"tokens": int(lp["base"].numel()), "sequences": len(seqs),
             "mean_logprob": {k: float(v.mean()) for k, v in lp.items()},
@@ -146,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--split", default="validation")
     p.add_argument("--limit", type=int, default=None, help="at most this many dataset rows")
     p.add_argument("--max_length", type=int, default=2048)
-    p.add_argument("--merged", help="the merged model as saved (default: merge here, in the model's dtype)")
+    p.add_argument("--merged", help="the merged model as saved (default: merge here, in the dtype --model loads in)")
     p.add_argument("--json", help="also write the report here")
     args = p.parse_args(argv)
     from safetensors.torch import load_file

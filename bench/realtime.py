@@ -316,7 +316,8 @@ def monitor_warnings(loop: Path, folder: Path) -> list[str] | None:
 def cycles_markdown(run_dir: Path) -> str:
     loop = run_dir / "realtime" if (run_dir / "realtime").is_dir() else run_dir
     lines = [f"## {loop}", "", ("| cycle | served by | sessions | persisting edits | dissatisfied | malformed "
-                                "sessions | ask_user | needless questions | edit rate | latency s | decision | monitor |"),
+                                "sessions | ask_user | needless questions | edit rate | latency s | decision | "
+                                "monitor |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for folder in sorted((loop / "cycles").iterdir(), key=lambda p: int(p.name)):
         if not (folder / "cycle.json").is_file():
@@ -332,7 +333,8 @@ def cycles_markdown(run_dir: Path) -> str:
         monitor = "-" if warnings is None else ("; ".join(warnings) or "ok")
         lines.append(f"| {cycle['cycle']} | {cycle['served_by']} | {live['sessions']} | {rate('persisting_edit_rate')} "
                      f"| {rate('dissatisfied_rate')} | {rate('malformed_session_rate')} | {rate('ask_user_rate')} | "
-                     f"{rate('needless_question_rate')} | {rate('edit_rate')} | {live['latency_s']['mean']:.1f} | {decision} | {monitor} |")
+                     f"{rate('needless_question_rate')} | {rate('edit_rate')} | {live['latency_s']['mean']:.1f} | "
+                     f"{decision} | {monitor} |")
     return "\n".join(lines) + "\n"
 
 

@@ -15,8 +15,8 @@ conversation (the server derives its sampling seeds from it, so a server with th
 same tokens). The user sends the task's instruction (POST /sessions with the task directory), follows the
 session's turns (long-poll), answers `ask_user` questions (from the hidden spec with probability
 `answer_helpful_p`, else "just do it"; a question on a request that left nothing out also gets the feedback
-`question_needless`, once a session: `question_needed`), and gives up on a session slower than its patience (feedback
-`abandoned`). When the session ends the user judges it with information the agent never saw:
+`question_needless`, once a session: `question_needed`), and gives up on a session slower than its patience
+(feedback `abandoned`). When the session ends the user judges it with information the agent never saw:
 the session's diff applied (`patch -p1` names, by env/patches.py, the one diff parser: a path outside the copy
 is refused, never written) to a fresh copy of the task repo, graded by `env.grading.grade` with
 the hidden tests. A passing result is applied and kept, a failing one applied and later reverted (each flipped

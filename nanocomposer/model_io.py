@@ -28,6 +28,27 @@ def load_tokenizer(model_name_or_path: str):
     return tokenizer
 
 
+def _from_pretrained(name: str, revision: str | None, dtype, attn_implementation: str | None = None):
+    """`AutoModelForCausalLM.from_pretrained`, every failure and every missing weight a ConfigError naming `name`."""
+    from transformers import AutoModelForCausalLM
+
+    where = f"model_name_or_path {name}"
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(name, revision=revision, dtype=dtype,
+                                                           attn_implementation=attn_implementation,
+                                                           output_loading_info=True)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # missing or corrupt files, shape mismatches, an unknown architecture
+        raise ConfigError(f"{where}: the weights do not load ({first_line(e)})") from e
+    # transformers initialises missing weights at random and only logs it: training on from there is garbage.
+    missing, mismatched = sorted(info.get("missing_keys", ())), list(info.get("mismatched_keys", ()))
+    if missing or mismatched:
+        raise ConfigError(f"{where}: incomplete weights: missing {missing[:3]}{' ...' if len(missing) > 3 else ''}"
+                          f"{f', shape mismatches {mismatched[:3]}' if mismatched else ''}")
+    return model
+
+
 def load_model(model_args, training_args):
     """`AutoModelForCausalLM` in the recipe's dtype (fp32 unless set; `auto`: nanocomposer.dtypes) with the KV cache off.
 
@@ -35,31 +56,13 @@ def load_model(model_args, training_args):
     sequence detection (masking_utils only looks at `position_ids` with no cache and no attention mask),
     and packed documents would silently attend to each other.
     """
-    from transformers import AutoModelForCausalLM
-
     device = "cuda" if torch.cuda.is_available() and not getattr(training_args, "use_cpu", False) else "cpu"
     dtype = resolve_dtype(model_args.dtype, device)
     if model_args.dtype == "auto":
         print0(f"dtype auto -> {str(dtype).removeprefix('torch.')} "
                f"({'native' if native_bf16(device) else 'no native'} bf16 on this {device})")
-    where = f"model_name_or_path {model_args.model_name_or_path}"
-    try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            model_args.model_name_or_path,
-            revision=model_args.model_revision,
-            dtype=dtype,
-            attn_implementation=model_args.attn_implementation,
-            output_loading_info=True,
-        )
-    except torch.OutOfMemoryError:
-        raise
-    except (OSError, ValueError, KeyError, RuntimeError) as e:  # corrupt files, shape mismatches
-        raise ConfigError(f"{where}: the weights do not load ({first_line(e)})") from None
-    # transformers initialises missing weights at random and only logs it: training on from there is garbage.
-    missing, mismatched = sorted(info.get("missing_keys", ())), list(info.get("mismatched_keys", ()))
-    if missing or mismatched:
-        raise ConfigError(f"{where}: incomplete weights: missing {missing[:3]}{' ...' if len(missing) > 3 else ''}"
-                          f"{f', shape mismatches {mismatched[:3]}' if mismatched else ''}")
+    model = _from_pretrained(model_args.model_name_or_path, model_args.model_revision, dtype,
+                             attn_implementation=model_args.attn_implementation)
     model.config.use_cache = False
     return model
 
@@ -91,8 +94,10 @@ def save_final_model(model, tokenizer, output_dir: Path, *, source: str, revisio
             try:
                 model = _fp32_master(model, source, revision)
             except (ConfigError, RuntimeError) as e:  # the trained update is kept, unmerged, before saying so
-                model.save_pretrained(Path(output_dir) / "adapter")
-                raise ConfigError(f"{e}; the trained adapter is saved unmerged in {Path(output_dir) / 'adapter'}") from e
+                kept = Path(output_dir) / "adapter"
+                model.save_pretrained(kept)
+                raise ConfigError(f"merging the trained adapter into {source} read again in fp32: {e}; the adapter "
+                                  f"is saved unmerged in {kept}") from e
         model = model.merge_and_unload()
     model.config.use_cache = True  # restored for generation; training turned it off (see load_model)
     model.save_pretrained(output_dir)
@@ -102,16 +107,9 @@ def save_final_model(model, tokenizer, output_dir: Path, *, source: str, revisio
 def _fp32_master(model, source: str, revision: str | None):
     """`model`'s trained adapter on `source`'s weights in fp32 (see save_final_model)."""
     from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-    from transformers import AutoModelForCausalLM
 
     name = model.active_adapter
-    try:
-        master = AutoModelForCausalLM.from_pretrained(source, revision=revision, dtype=torch.float32)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as e:  # moved, corrupt or unreadable since the stage loaded it
-        raise ConfigError(f"model_name_or_path {source}: could not read it again in fp32 to merge the trained "
-                          f"adapter into ({first_line(e)})") from e
+    master = _from_pretrained(source, revision, torch.float32)  # read again: the fp32 weights, not the bf16 copy
     master = get_peft_model(master, model.peft_config[name])
     result = set_peft_model_state_dict(master, get_peft_model_state_dict(model, adapter_name=name))
     unexpected = list(getattr(result, "unexpected_keys", ()) or ())

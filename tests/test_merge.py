@@ -101,7 +101,7 @@ def test_a_source_that_no_longer_loads_is_a_clear_error(tmp_path, source):
 
     peft_model = lora_on(AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16))
     (source / "model.safetensors").write_bytes(b"truncated")
-    with pytest.raises(ConfigError, match=r"source.*could not read it again in fp32.*saved unmerged in .*adapter"):
+    with pytest.raises(ConfigError, match=r"read again in fp32: model_name_or_path .*source: the weights do not load.*saved unmerged in .*adapter"):
         save_final_model(peft_model, load_tokenizer(str(source)), tmp_path / "out", source=str(source))
     assert not (tmp_path / "out" / "model.safetensors").exists()  # no model that is not the trained one
     assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").is_file()  # and the update is not lost

@@ -2,7 +2,8 @@
 
 Per session: persisting edit (the user kept the edit: Composer's "edits that persist"), reverted edit,
 dissatisfied (a dissatisfied follow-up or the user gave up), latency (the session's wall time), and the
-behaviour rates the hacks move (malformed calls, ask_user, edits, questions the user called needless). Rates come with Wilson 95% intervals.
+behaviour rates the hacks move (malformed calls, ask_user, edits, questions the user called needless). Rates
+come with Wilson 95% intervals.
 
 Rollback: a version promoted by the gate is compared, on its first cycle of traffic, with its parent's
 previous cycle. It is rolled back when its persisting-edit rate is lower, or its dissatisfied rate higher,
