@@ -86,7 +86,31 @@ def test_a_versions_gate_records_are_reused_only_for_the_same_tasks(tmp_path, tr
     tasks = resolve_task_set(str(traffic_set)).tasks
     first = loop.version_eval("v1", tasks[:2])
     assert loop.version_eval("v1", list(reversed(tasks[:2]))) == first and played == [2]  # same tasks: cached
-    assert loop.version_eval("v1", tasks[:3]) == {"tasks": [t.id for t in tasks[:3]]} and played == [2, 3]
+    assert loop.version_eval("v1", tasks[:3]) == {"tasks": [t.id for t in tasks[:3]], "weights": "v1"}
+    assert played == [2, 3]
+
+
+def test_a_versions_gate_records_are_replayed_when_its_weights_changed(tmp_path, traffic_set, monkeypatch):
+    """The gate's records are keyed by version name; a name reused for other weights (a loop restarted in the
+    same directory, records copied from another loop) must not pass the old records off as the new model's."""
+    loop = make_loop(tmp_path, traffic_set, monkeypatch)
+    played, logged = [], []
+    monkeypatch.setattr(loop_module, "evaluate", lambda spec, tasks, **kw: played.append(spec) or {"n": len(played)})
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"first weights")
+    (checkpoint / "config.json").write_text("{}")
+    loop.registry = SimpleNamespace(spec=lambda name: str(checkpoint))
+    loop.log = logged.append
+    tasks = resolve_task_set(str(traffic_set)).tasks[:2]
+    first = loop.version_eval("v1", tasks)
+    (checkpoint / "config.json").write_text('{"other": 1}')  # not weights: still the same model
+    assert loop.version_eval("v1", tasks) == first and len(played) == 1
+    (checkpoint / "model.safetensors").write_bytes(b"other weights")
+    second = loop.version_eval("v1", tasks)
+    assert second["n"] == 2 and second["weights"] != first["weights"] and len(played) == 2
+    assert "recorded for other weights" in logged[-1]
+    assert loop.version_eval("v1", tasks) == second and len(played) == 2  # the new records are reused
 
 
 def test_training_and_ab_task_ranges_are_disjoint_and_cover_the_set(traffic_set):

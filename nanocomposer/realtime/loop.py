@@ -8,7 +8,8 @@
       cycles/<k>/                 traffic.json (the tasks its users draw from), users-<first conversation>.json,
                                   collect.json (sessions, counts, live metrics, rewards), update.json,
                                   gate.json, gate.md, cycle.json; server.log, users.log
-      gate_evals/<version>.<tasks>.json   each version's benchmark records (once per version and task list)
+      gate_evals/<version>.<tasks>.json   each version's benchmark records (once per version, task list and
+                                  weights: the sha256 of its weight files is recorded and checked)
       report.md                   one line per finished cycle
 
 A killed loop restarts in the phase it died in (state.json is written after each phase's outputs): the serve
@@ -48,6 +49,21 @@ class CandidateError(ValueError):
 
 def _read(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def weights_fingerprint(spec: str) -> str:
+    """What a policy spec plays: for a checkpoint directory the sha256 of its weight files (names and bytes),
+    else the spec itself (a scripted or remote policy)."""
+    path = Path(spec)
+    if not path.is_dir():
+        return spec
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin")):
+        digest.update(file.name.encode() + b"\0")
+        with file.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
 
 
 def facts_of_sessions(db: Path, sessions: list[dict], args) -> list[dict]:
@@ -362,10 +378,18 @@ class Loop:
         # with its candidate's new ones.
         tasks_key = hashlib.sha256("\n".join(sorted(t.id for t in tasks)).encode()).hexdigest()[:12]
         path = self.dir / "gate_evals" / f"{name}.{tasks_key}.json"
+        spec = self.registry.spec(name)
+        weights = weights_fingerprint(spec)
         if path.is_file():
-            return _read(path)
-        result = evaluate(self.registry.spec(name), tasks, budget=self.gate_budget(), samples=a.gate_samples,
+            cached = _read(path)
+            # A name is not an identity: v1 of a loop restarted in the same directory, or records copied from
+            # another loop, are other weights. Files written before the fingerprint carry none and are reused.
+            if cached.get("weights", weights) == weights:
+                return cached
+            self.log(f"[realtime] {path}: recorded for other weights than {name}'s ({spec}); playing it again")
+        result = evaluate(spec, tasks, budget=self.gate_budget(), samples=a.gate_samples,
                           workers=a.gate_workers, backend=a.backend)
+        result = {**result, "weights": weights}
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, result)
         return result
