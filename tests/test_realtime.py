@@ -195,6 +195,21 @@ def test_rollback_rule_and_newcombe_interval():
     assert not rollback_decision(live(5, 5, 10), live(4, 5, 10), 0.0)["rollback"]  # within noise
 
 
+def test_rollback_catches_a_broken_version_the_users_verdicts_cannot_tell_apart():
+    """A version that writes only malformed calls, at one cycle's traffic: its users' verdicts (0 of 9 kept, 4 of 9
+    dissatisfied) are within noise of its parent's (2 of 20, 9 of 20); its malformed sessions are not."""
+    rates = lambda kept, unhappy, malformed, n: {
+        "sessions": n, "persisting_edit_rate": {"count": kept}, "dissatisfied_rate": {"count": unhappy},
+        "malformed_session_rate": {"count": malformed}}
+    decision = rollback_decision(rates(2, 9, 4, 20), rates(0, 4, 9, 9), 0.0)
+    assert decision["rollback"] and len(decision["reasons"]) == 1
+    assert decision["reasons"][0].startswith("malformed session rate higher: +80.0%")
+    assert not rollback_decision(rates(2, 9, 4, 20), rates(2, 9, 5, 20), 0.0)["rollback"]
+    older = rates(2, 9, 4, 20)
+    del older["malformed_session_rate"]  # a parent cycle recorded before the rate: the other two still decide
+    assert not rollback_decision(older, rates(0, 4, 9, 9), 0.0)["rollback"]
+
+
 # --------------------------------------------------------------------------- the gate
 
 

@@ -89,7 +89,8 @@ class RealtimeArguments(StageArguments):
         "help": "The monitor warns when a candidate's edit rate is this much below the starting version's."})
     rollback_margin: float = field(default=0.0, metadata={
         "help": "Roll back when a promoted version's persisting-edit rate is below its parent's (or its "
-                "dissatisfied rate above) with the 95%% interval of the difference beyond this margin."})
+                "dissatisfied or malformed-session rate above) with the 95%% interval of the difference beyond "
+                "this margin."})
 
     def __post_init__(self):
         super().__post_init__()

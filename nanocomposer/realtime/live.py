@@ -6,9 +6,14 @@ behaviour rates the hacks move (malformed calls, ask_user, edits, questions the 
 come with Wilson 95% intervals.
 
 Rollback: a version promoted by the gate is compared, on its first cycle of traffic, with its parent's
-previous cycle. It is rolled back when its persisting-edit rate is lower, or its dissatisfied rate higher,
-with the 95% interval of the difference (Newcombe's method from the two Wilson intervals; the cycles'
-users are different people, so the comparison is unpaired) wholly beyond `rollback_margin`.
+previous cycle. It is rolled back when its persisting-edit rate is lower, or its dissatisfied or
+malformed-session rate higher, with the 95% interval of the difference (Newcombe's method from the two
+Wilson intervals; the cycles' users are different people, so the comparison is unpaired) wholly beyond
+`rollback_margin`. The malformed-session rate is there because the users' verdicts cannot tell a broken
+version from a weak one at a cycle's traffic: a candidate that wrote nothing but malformed calls (promoted
+through an opened gate) served 0 of 9 persisting edits and 4 of 9 dissatisfied sessions against its
+parent's 2 of 20 and 9 of 20 (a user follows up at most once, and a follow-up session cannot draw another),
+while its 9 of 9 malformed sessions against 4 of 20 are beyond doubt.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ RATES = {"persisting_edit_rate": lambda s, f: s["live"]["kept"],
          "malformed_session_rate": lambda s, f: f["malformed_calls"] > 0,
          "ask_user_rate": lambda s, f: f["ask_user_calls"] > 0,
          "needless_question_rate": lambda s, f: s["live"].get("needless_question", False)}
+
+
+# (rate, the direction that makes a version worse): what the rollback rule watches
+ROLLBACK_RATES = (("persisting_edit_rate", "lower"), ("dissatisfied_rate", "higher"),
+                  ("malformed_session_rate", "higher"))
 
 
 def live_metrics(sessions: list[dict], facts: list[dict]) -> dict:
@@ -55,7 +65,9 @@ def proportion_difference(a_hits: int, a_n: int, b_hits: int, b_n: int) -> tuple
 def rollback_decision(parent: dict, child: dict, margin: float) -> dict:
     """Whether `child`'s live metrics fell below `parent`'s (module docstring), with the numbers."""
     reasons, deltas = [], {}
-    for name, worse_if in (("persisting_edit_rate", "lower"), ("dissatisfied_rate", "higher")):
+    for name, worse_if in ROLLBACK_RATES:
+        if name not in parent or name not in child:  # a collect.json written before the rate was recorded
+            continue
         d, lo, hi = proportion_difference(parent[name]["count"], parent["sessions"], child[name]["count"],
                                           child["sessions"])
         deltas[name] = {"diff": round(d, 4), "ci95": [round(lo, 4), round(hi, 4)]}
