@@ -21,7 +21,7 @@ from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import SessionStore
 from nanocomposer.realtime.collect import collect
 from nanocomposer.realtime.gate import decide, evaluate
-from nanocomposer.realtime.live import proportion_difference, rollback_decision
+from nanocomposer.realtime.live import live_metrics, proportion_difference, rollback_decision
 from nanocomposer.realtime.loop import CandidateError, Loop
 from nanocomposer.realtime.update import make_groups, session_samples
 
@@ -193,6 +193,21 @@ def test_rollback_rule_and_newcombe_interval():
                                      "dissatisfied_rate": {"count": unhappy}}
     assert rollback_decision(live(9, 1, 10), live(1, 9, 10), 0.0)["rollback"]
     assert not rollback_decision(live(5, 5, 10), live(4, 5, 10), 0.0)["rollback"]  # within noise
+
+
+def test_the_dissatisfied_rate_is_over_the_sessions_that_open_a_conversation():
+    """Users follow up at most once, so a follow-up session can never draw a dissatisfied follow-up: counted, it
+    would halve the rate of a version that fails every request (two unhappy users, one follow-up each)."""
+    live = lambda kept, dissatisfied: {"kept": kept, "reverted": False, "dissatisfied": dissatisfied}
+    facts = {"edits": 1, "malformed_calls": 0, "ask_user_calls": 0}
+    sessions = [{"id": "a", "followup_of": None, "wall_s": 1.0, "live": live(False, True)},
+                {"id": "b", "followup_of": None, "wall_s": 3.0, "live": live(False, True)},
+                {"id": "a2", "followup_of": "a", "wall_s": 1.0, "live": live(False, False)},
+                {"id": "b2", "followup_of": "b", "wall_s": 1.0, "live": live(True, False)}]
+    out = live_metrics(sessions, [facts] * 4)
+    assert out["dissatisfied_rate"]["rate"] == 1.0 and out["dissatisfied_rate"]["n"] == 2
+    assert out["persisting_edit_rate"]["rate"] == 0.25 and out["persisting_edit_rate"]["n"] == 4
+    assert out["sessions"] == 4 and out["latency_s"]["mean"] == 1.5
 
 
 def test_rollback_catches_a_broken_version_the_users_verdicts_cannot_tell_apart():
