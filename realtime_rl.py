@@ -12,8 +12,8 @@ weighted env/rewards.py components (edit kept, edit reverted, dissatisfied follo
 ask_user), each logged on its own; TRL's GRPOTrainer takes one pass over the logged token ids and sampling
 logprobs (on-policy: the version that generated them is the one updated, checked at every step); the
 candidate plays the held-out gate tasks against current, and is promoted through `POST /admin/promote` only
-if the gate passes. A promoted version whose next cycle's live metrics fall below its parent's (persisting edits, dissatisfied
-follow-ups, malformed sessions; nanocomposer/realtime/live.py) is rolled back.
+if the gate passes. A promoted version whose next cycle's live metrics fall below its parent's (persisting
+edits, dissatisfied follow-ups, malformed sessions; nanocomposer/realtime/live.py) is rolled back.
 
 Output: runs/<run>/realtime/ (layout in nanocomposer/realtime/loop.py): state.json, the registry with one
 version per cycle and its gate report, sessions.db, cycles/<k>/, report.md; W&B (offline) job `realtime` of

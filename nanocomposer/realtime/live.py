@@ -51,7 +51,8 @@ def live_metrics(sessions: list[dict], facts: list[dict]) -> dict:
                  if name not in OPENING_SESSIONS_ONLY or s.get("followup_of") is None]
         n, hits = len(pairs), sum(bool(test(s, f)) for s, f in pairs)
         lo, hi = wilson_interval(hits, n) if n else (0.0, 1.0)
-        out[name] = {"rate": hits / n if n else math.nan, "count": hits, "n": n, "ci95": [round(lo, 4), round(hi, 4)]}
+        out[name] = {"rate": hits / n if n else math.nan, "count": hits, "n": n,
+                     "ci95": [round(lo, 4), round(hi, 4)]}
     walls = [s["wall_s"] for s in sessions if s.get("wall_s") is not None]
     out["latency_s"] = {"mean": statistics.fmean(walls) if walls else math.nan,
                         "p50": statistics.median(walls) if walls else math.nan}

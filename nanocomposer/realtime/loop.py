@@ -33,6 +33,7 @@ from env.budget import Budget
 from env.rewards import get_reward_funcs
 from nanocomposer.agent.registry import Registry
 from nanocomposer.agent.store import SessionStore
+from nanocomposer.base_model import sha256_of
 from nanocomposer.realtime.collect import collect
 from nanocomposer.realtime.gate import decide, drift_warnings, evaluate, gate_markdown
 from nanocomposer.realtime.live import live_metrics, rollback_decision
@@ -57,13 +58,9 @@ def weights_fingerprint(spec: str) -> str:
     path = Path(spec)
     if not path.is_dir():
         return spec
-    digest = hashlib.sha256()
-    for file in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin")):
-        digest.update(file.name.encode() + b"\0")
-        with file.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin"))
+    listing = "\n".join(f"{file.name} {sha256_of(file)}" for file in files)
+    return "sha256:" + hashlib.sha256(listing.encode()).hexdigest()
 
 
 def facts_of_sessions(db: Path, sessions: list[dict], args) -> list[dict]:
